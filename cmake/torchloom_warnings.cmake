@@ -1,0 +1,14 @@
+# Flags for torchloom's own translation units (tests, benchmarks, examples). Torch and Boost
+# come in as system headers, so -Werror applies to our code only.
+function(torchloom_project_flags target)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Wshadow
+                                           -Wnon-virtual-dtor -Wold-style-cast)
+  if(TORCHLOOM_WERROR)
+    target_compile_options(${target} PRIVATE -Werror)
+  endif()
+  if(TORCHLOOM_SANITIZE)
+    target_compile_options(${target} PRIVATE -fsanitize=${TORCHLOOM_SANITIZE}
+                                             -fno-omit-frame-pointer)
+    target_link_options(${target} PRIVATE -fsanitize=${TORCHLOOM_SANITIZE})
+  endif()
+endfunction()

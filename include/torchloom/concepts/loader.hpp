@@ -1,0 +1,63 @@
+#pragma once
+#include <torchloom/model_spec.hpp>
+#include <torchloom/signature.hpp>
+
+#include <ATen/core/ivalue.h>
+#include <c10/core/Device.h>
+#include <c10/core/Stream.h>
+
+#include <concepts>
+#include <filesystem>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace torchloom {
+
+//! What a loader is given to load a model.
+struct load_context {
+  const model_spec& spec;
+  std::filesystem::path file;  //!< the model file, resolved
+  c10::Device device;
+};
+
+//! What a loader is given for one run: the device and the stream the stream policy chose.
+struct run_context {
+  c10::Device device;
+  c10::Stream stream;
+};
+
+//! A loader turns a model file into something callable. Required:
+//!  - `typename L::model_type`: the loaded model (owns it; destroyed to unload);
+//!  - `L::default_filename`: the file name in a Triton version directory ("model.pt");
+//!  - `l.load(const load_context&) -> model_type`: throws torchloom::error (model_not_found,
+//!    load_failed) naming the file;
+//!  - `l.signature(const model_type&) -> input_signature`: the declared inputs;
+//!  - `l.run(model_type&, std::vector<c10::IValue>&&, const run_context&) -> c10::IValue`:
+//!    may be called from several threads at once; inputs are already validated and on the
+//!    device.
+//! A loader is default-constructible and holds no per-model state.
+template <class L>
+concept loader =
+    std::default_initializable<L> && requires { typename L::model_type; } &&
+    requires(const L& l, const load_context& lc, typename L::model_type& m,
+             std::vector<c10::IValue>&& in, const run_context& rc) {
+      { L::default_filename } -> std::convertible_to<std::string_view>;
+      { l.load(lc) } -> std::same_as<typename L::model_type>;
+      { l.signature(std::as_const(m)) } -> std::same_as<input_signature>;
+      { l.run(m, std::move(in), rc) } -> std::same_as<c10::IValue>;
+    };
+
+namespace detail {
+//! The least a loader can be; used to check residency policies in their own headers.
+struct loader_archetype {
+  struct model_type {};
+  static constexpr std::string_view default_filename = "model";
+  model_type load(const load_context&) const;
+  input_signature signature(const model_type&) const;
+  c10::IValue run(model_type&, std::vector<c10::IValue>&&, const run_context&) const;
+};
+}  // namespace detail
+
+}  // namespace torchloom

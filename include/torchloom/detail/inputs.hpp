@@ -1,0 +1,122 @@
+#pragma once
+#include <torchloom/detail/dtype.hpp>
+#include <torchloom/detail/strings.hpp>
+#include <torchloom/error.hpp>
+#include <torchloom/signature.hpp>
+
+#include <ATen/core/ivalue.h>
+#include <c10/core/Device.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace torchloom::detail {
+
+inline std::string describe_ivalue(const c10::IValue& v) {
+  if (v.isTensor()) {
+    const auto& t = v.toTensor();
+    if (!t.defined()) return "an undefined Tensor";
+    return concat("a Tensor (", dtype_name(t.scalar_type()), ", shape ", t.sizes(), ", on ",
+                  t.device(), ")");
+  }
+  return concat("a value of type ", v.tagKind());
+}
+
+inline std::string input_label(const input_signature& sig, std::size_t i) {
+  if (i < sig.size() && !sig[i].name.empty()) return concat("input ", i, " ('", sig[i].name, "')");
+  return concat("input ", i);
+}
+
+//! Checks `inputs` against the declared signature and moves CPU tensors to `device`.
+//! Everything is checked before anything is moved, so a bad request launches nothing.
+//! Throws bad_input naming the input, what was expected and what was given.
+inline void check_inputs(const std::string& model, const input_signature& sig,
+                         std::vector<c10::IValue>& inputs, c10::Device device) {
+  std::size_t required = 0;
+  for (const auto& s : sig) required += s.has_default ? 0 : 1;
+  if (inputs.size() < required || inputs.size() > sig.size()) {
+    std::string names;
+    for (const auto& s : sig) names += (names.empty() ? "" : ", ") + s.name;
+    throw error(errc::bad_input, model,
+                concat("expected ",
+                       required == sig.size() ? std::to_string(required)
+                                              : concat(required, " to ", sig.size()),
+                       sig.size() == 1 ? " input (" : " inputs (", names, "), got ",
+                       inputs.size()));
+  }
+  bool needs_move = false;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const auto& spec = sig[i];
+    const auto& v = inputs[i];
+    if (!spec.is_tensor) {
+      if (spec.type && !v.isNone() && !v.type()->isSubtypeOf(*spec.type)) {
+        throw error(errc::bad_input, model,
+                    concat(input_label(sig, i), " must be ", spec.type->str(), ", got ",
+                           describe_ivalue(v)));
+      }
+      continue;
+    }
+    if (!v.isTensor() || !v.toTensor().defined()) {
+      throw error(errc::bad_input, model,
+                  concat(input_label(sig, i), " must be a Tensor, got ", describe_ivalue(v)));
+    }
+    const auto& t = v.toTensor();
+    if (spec.dtype && t.scalar_type() != *spec.dtype) {
+      throw error(errc::bad_input, model,
+                  concat(input_label(sig, i), " must be ", dtype_name(*spec.dtype), ", got ",
+                         describe_ivalue(v)));
+    }
+    if (spec.shape) {
+      const auto& want = *spec.shape;
+      bool ok = static_cast<std::size_t>(t.dim()) == want.size();
+      for (std::size_t d = 0; ok && d < want.size(); ++d) {
+        ok = want[d] < 0 || want[d] == t.size(static_cast<std::int64_t>(d));
+      }
+      if (!ok) {
+        throw error(errc::bad_input, model,
+                    concat(input_label(sig, i), " must have shape ", c10::IntArrayRef(want),
+                           " (-1: any size), got ", describe_ivalue(v)));
+      }
+    }
+    if (spec.max_batch_size > 0 && t.dim() > 0 && t.size(0) > spec.max_batch_size) {
+      throw error(errc::bad_input, model,
+                  concat(input_label(sig, i), " has a batch of ", t.size(0),
+                         "; the model's max_batch_size is ", spec.max_batch_size));
+    }
+    if (t.device() != device) {
+      if (!t.device().is_cpu()) {
+        throw error(errc::bad_input, model,
+                    concat(input_label(sig, i), " is on ", t.device(), " but the runner is on ",
+                           device, "; only CPU inputs are moved to the runner's device"));
+      }
+      needs_move = true;
+    }
+  }
+  if (needs_move) {
+    for (auto& v : inputs) {
+      if (v.isTensor() && v.toTensor().device() != device) v = v.toTensor().to(device);
+    }
+  }
+}
+
+//! The tensors of a model's output: a Tensor, or a tuple or list of them (nested too).
+//! Throws unsupported naming what else was returned.
+inline void flatten_tensors(const std::string& model, const c10::IValue& v,
+                            std::vector<at::Tensor>& out) {
+  if (v.isTensor()) {
+    out.push_back(v.toTensor());
+  } else if (v.isTuple()) {
+    for (const auto& e : v.toTupleRef().elements()) flatten_tensors(model, e, out);
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorVector()) out.push_back(t);
+  } else if (v.isList()) {
+    for (const auto& e : v.toListRef()) flatten_tensors(model, e, out);
+  } else {
+    throw error(errc::unsupported, model,
+                concat("the model returned ", describe_ivalue(v),
+                       ", which run() cannot return as tensors; use run_ivalue()"));
+  }
+}
+
+}  // namespace torchloom::detail

@@ -1,0 +1,102 @@
+#pragma once
+#include <algorithm>
+#include <cctype>
+#include <cstddef>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace torchloom::detail {
+
+//! Streams every argument into one string.
+template <class... Args>
+std::string concat(const Args&... args) {
+  std::ostringstream out;
+  (out << ... << args);
+  return std::move(out).str();
+}
+
+inline std::string to_upper(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+  return out;
+}
+
+inline std::string to_lower(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+inline std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+//! Splits on a separator, trimming each part and dropping empty ones.
+inline std::vector<std::string> split(std::string_view s, char sep) {
+  std::vector<std::string> parts;
+  while (true) {
+    auto pos = s.find(sep);
+    auto part = trim(s.substr(0, pos));
+    if (!part.empty()) parts.emplace_back(part);
+    if (pos == std::string_view::npos) break;
+    s.remove_prefix(pos + 1);
+  }
+  return parts;
+}
+
+//! Edit distance, case-insensitive: how "did you mean" suggestions are ranked.
+inline std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      std::size_t up = row[j];
+      bool same = std::tolower(static_cast<unsigned char>(a[i - 1])) ==
+                  std::tolower(static_cast<unsigned char>(b[j - 1]));
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (same ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+//! The candidates closest to `word`, nearest first, at most `at_most`: those within a third
+//! of its length (at least 2 edits), or the nearest ones when none is that close.
+inline std::vector<std::string> closest(std::string_view word,
+                                        const std::vector<std::string>& candidates,
+                                        std::size_t at_most = 3) {
+  std::vector<std::pair<std::size_t, std::string>> ranked;
+  for (const auto& c : candidates) ranked.emplace_back(edit_distance(word, c), c);
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const auto& x, const auto& y) { return x.first < y.first; });
+  const std::size_t limit = std::max<std::size_t>(2, word.size() / 3);
+  std::vector<std::string> out;
+  for (const auto& [d, c] : ranked) {
+    if (d <= limit && out.size() < at_most) out.push_back(c);
+  }
+  if (out.empty()) {
+    for (std::size_t i = 0; i < ranked.size() && i < at_most; ++i) out.push_back(ranked[i].second);
+  }
+  return out;
+}
+
+//! "'A', 'B' or 'C'".
+inline std::string quoted_list(const std::vector<std::string>& items, std::string_view last_sep) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (i > 0) out += (i + 1 == items.size()) ? std::string(last_sep) : std::string(", ");
+    out += "'" + items[i] + "'";
+  }
+  return out;
+}
+
+}  // namespace torchloom::detail

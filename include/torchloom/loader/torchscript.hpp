@@ -1,0 +1,99 @@
+#pragma once
+#include <torchloom/concepts/loader.hpp>
+#include <torchloom/detail/process_settings.hpp>
+#include <torchloom/detail/strings.hpp>
+#include <torchloom/detail/torch_error.hpp>
+#include <torchloom/error.hpp>
+
+#include <torch/csrc/jit/runtime/graph_executor.h>
+#include <torch/script.h>
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+namespace torchloom {
+
+//! A loaded TorchScript module with the per-model execution switches.
+struct torchscript_model {
+  torch::jit::Module module;
+  bool optimized_execution = true;  //!< false: DISABLE_OPTIMIZED_EXECUTION
+  std::vector<detail::setting_claim> settings;  //!< process-wide executor switches held
+};
+
+//! Loads TorchScript (`torch::jit::load(path, device)`), in eval mode, and honours the
+//! execution switches: DISABLE_OPTIMIZED_EXECUTION (per run), ENABLE_JIT_EXECUTOR and
+//! ENABLE_JIT_PROFILING (process-wide; conflicts between runners are detected). Works with
+//! LibTorch 1.13 and 2.x.
+struct torchscript_loader {
+  using model_type = torchscript_model;
+  static constexpr std::string_view default_filename = "model.pt";
+
+  //! Throws model_not_found (no file), load_failed (not a TorchScript file, or torch failed
+  //! to load it; torch's message is kept), invalid_option (conflicting process settings).
+  model_type load(const load_context& ctx) const {
+    const auto& name = ctx.spec.name;
+    const auto& opts = ctx.spec.options;
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(ctx.file, ec)) {
+      throw error(errc::model_not_found, name,
+                  detail::concat("model file '", ctx.file.string(), "' does not exist"));
+    }
+    model_type m;
+    if (opts.enable_jit_executor) {
+      const bool v = *opts.enable_jit_executor;
+      m.settings.push_back(detail::setting_claim::make(
+          "ENABLE_JIT_EXECUTOR", v ? "true" : "false", name,
+          [v] { torch::jit::getExecutorMode() = v; }));
+    }
+    if (opts.enable_jit_profiling) {
+      const bool v = *opts.enable_jit_profiling;
+      m.settings.push_back(detail::setting_claim::make(
+          "ENABLE_JIT_PROFILING", v ? "true" : "false", name,
+          [v] { torch::jit::getProfilingMode() = v; }));
+    }
+    try {
+      m.module = torch::jit::load(ctx.file.string(), ctx.device);
+    } catch (const std::exception& e) {
+      throw error(errc::load_failed, name,
+                  detail::concat("cannot load TorchScript file '", ctx.file.string(),
+                                 "': ", detail::torch_message(e)));
+    }
+    if (!m.module.find_method("forward")) {
+      throw error(errc::load_failed, name,
+                  detail::concat("'", ctx.file.string(), "' has no forward method"));
+    }
+    m.module.eval();
+    m.optimized_execution = !opts.disable_optimized_execution;
+    return m;
+  }
+
+  //! The forward method's arguments (without self), from its schema.
+  input_signature signature(const model_type& m) const {
+    input_signature sig;
+    const auto method = m.module.find_method("forward");
+    const auto& args = method->function().getSchema().arguments();
+    for (std::size_t i = 1; i < args.size(); ++i) {  // argument 0 is self
+      input_spec s;
+      s.name = args[i].name();
+      s.type = args[i].type();
+      s.is_tensor = s.type->kind() == c10::TypeKind::TensorType;
+      s.has_default = args[i].default_value().has_value();
+      sig.push_back(std::move(s));
+    }
+    return sig;
+  }
+
+  c10::IValue run(model_type& m, std::vector<c10::IValue>&& inputs, const run_context&) const {
+    // The graph executor's optimisation switch is thread-local in torch: set it per run.
+    torch::jit::GraphOptimizerEnabledGuard optimize(m.optimized_execution);
+    return m.module.forward(std::move(inputs));
+  }
+};
+
+static_assert(loader<torchscript_loader>);
+
+}  // namespace torchloom

@@ -1,0 +1,243 @@
+#pragma once
+#include <torchloom/detail/strings.hpp>
+#include <torchloom/error.hpp>
+
+#include <boost/describe/class.hpp>
+#include <boost/describe/members.hpp>
+#include <boost/mp11/algorithm.hpp>
+
+#include <charconv>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+namespace torchloom {
+
+//! An integer option with an inclusive range, checked when parsed.
+template <class T, T Min, T Max>
+struct bounded {
+  static_assert(std::is_integral_v<T> && Min <= Max);
+  using value_type = T;
+  static constexpr T min = Min;
+  static constexpr T max = Max;
+
+  T value{};
+
+  constexpr bounded() = default;
+  constexpr bounded(T v) : value(v) {}  // NOLINT: implicit, like the integer it holds
+  constexpr operator T() const noexcept { return value; }
+  friend constexpr bool operator==(bounded, bounded) = default;
+  friend constexpr bool operator==(bounded a, T b) noexcept { return a.value == b; }
+};
+
+//! Everything a runner can be told at run time. Each member's key is its name in upper case
+//! (Triton's spelling where Triton has the key): `intra_op_thread_count` is
+//! `INTRA_OP_THREAD_COUNT`. Parsing, printing and the list of keys are derived from the
+//! description below; there is no second table of keys. An unset optional leaves the torch
+//! default alone.
+struct runner_options {
+  //! Run under c10::InferenceMode (otherwise under no-grad).
+  bool inference_mode = true;
+  //! Turn the TorchScript graph executor's optimisation off (per run, per thread).
+  bool disable_optimized_execution = false;
+  //! TorchScript executor switches; process-wide in torch.
+  std::optional<bool> enable_jit_executor;
+  std::optional<bool> enable_jit_profiling;
+  //! torch thread pools; process-wide in torch.
+  std::optional<bounded<int, 1, 4096>> intra_op_thread_count;
+  std::optional<bounded<int, 1, 4096>> inter_op_thread_count;
+  //! Empty the CUDA caching allocator's cache after each run.
+  bool enable_cache_cleaning = false;
+  //! Runtime switch for shared_weights; unset means the policy's default.
+  std::optional<bool> enable_weight_sharing;
+  //! Model-init hook library; relative paths resolve against the model directory.
+  std::string model_init_library;
+  //! Custom-op libraries, ';'-separated.
+  std::vector<std::string> op_libraries;
+  //! SMs for green_context_stream.
+  std::optional<bounded<int, 1, 1024>> green_context_sm_count;
+  //! streamed_weights: device bytes for weights in flight, and how far ahead to copy.
+  std::optional<bounded<std::int64_t, 1, std::int64_t{1} << 24>> weight_offload_budget_mb;
+  bounded<int, 0, 64> weight_offload_prefetch_depth = 2;
+  //! aoti_loader: concurrent run() calls, and the model's name inside the package.
+  bounded<int, 1, 256> aoti_num_runners = 1;
+  std::string aoti_model_name = "model";
+  //! Runs at load with inputs synthesised from the declared input specs.
+  bounded<int, 0, 1000000> warmup_iterations = 0;
+
+  friend bool operator==(const runner_options&, const runner_options&) = default;
+};
+BOOST_DESCRIBE_STRUCT(runner_options, (),
+                      (inference_mode, disable_optimized_execution, enable_jit_executor,
+                       enable_jit_profiling, intra_op_thread_count, inter_op_thread_count,
+                       enable_cache_cleaning, enable_weight_sharing, model_init_library,
+                       op_libraries, green_context_sm_count, weight_offload_budget_mb,
+                       weight_offload_prefetch_depth, aoti_num_runners, aoti_model_name,
+                       warmup_iterations))
+
+namespace detail {
+
+template <class T>
+struct is_optional : std::false_type {};
+template <class T>
+struct is_optional<std::optional<T>> : std::true_type {};
+
+template <class T>
+struct is_bounded : std::false_type {};
+template <class T, T Min, T Max>
+struct is_bounded<bounded<T, Min, Max>> : std::true_type {};
+
+//! What a value of type T may be, for error messages.
+template <class T>
+std::string accepted() {
+  if constexpr (is_optional<T>::value) {
+    return accepted<typename T::value_type>();
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return "a boolean: true/false, 1/0, yes/no or on/off";
+  } else if constexpr (is_bounded<T>::value) {
+    return concat("an integer from ", +T::min, " to ", +T::max);
+  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    return "a ';'-separated list";
+  } else {
+    static_assert(std::is_same_v<T, std::string>, "runner_options: unsupported member type");
+    return "a string";
+  }
+}
+
+inline std::optional<bool> parse_bool(std::string_view text) {
+  const std::string v = to_lower(trim(text));
+  if (v == "true" || v == "1" || v == "yes" || v == "on") return true;
+  if (v == "false" || v == "0" || v == "no" || v == "off") return false;
+  return std::nullopt;
+}
+
+//! Parses `text` into `out`; false when the text is not a value of T.
+template <class T>
+bool parse_value(std::string_view text, T& out) {
+  if constexpr (is_optional<T>::value) {
+    typename T::value_type v{};
+    if (!parse_value(text, v)) return false;
+    out = v;
+    return true;
+  } else if constexpr (std::is_same_v<T, bool>) {
+    auto b = parse_bool(text);
+    if (b) out = *b;
+    return b.has_value();
+  } else if constexpr (is_bounded<T>::value) {
+    auto s = trim(text);
+    typename T::value_type v{};
+    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec != std::errc{} || end != s.data() + s.size() || v < T::min || v > T::max) {
+      return false;
+    }
+    out = v;
+    return true;
+  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    out = split(text, ';');
+    return true;
+  } else {
+    out = std::string(trim(text));
+    return true;
+  }
+}
+
+template <class T>
+std::string format_value(const T& v) {
+  if constexpr (is_optional<T>::value) {
+    return v ? format_value(*v) : std::string("(unset)");
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return v ? "true" : "false";
+  } else if constexpr (is_bounded<T>::value) {
+    return std::to_string(v.value);
+  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    std::string out;
+    for (const auto& s : v) out += (out.empty() ? "" : ";") + s;
+    return out;
+  } else {
+    return v;
+  }
+}
+
+using option_members =
+    boost::describe::describe_members<runner_options, boost::describe::mod_public>;
+
+}  // namespace detail
+
+//! Every valid option key, in declaration order.
+inline const std::vector<std::string>& option_keys() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> k;
+    boost::mp11::mp_for_each<detail::option_members>(
+        [&](auto m) { k.push_back(detail::to_upper(m.name)); });
+    return k;
+  }();
+  return keys;
+}
+
+//! Sets one option from text. Keys are matched case-insensitively.
+//! Throws torchloom::error (invalid_option) naming the model, the key, the value and what the
+//! key accepts; for an unknown key, the closest valid keys.
+inline void set_option(runner_options& options, std::string_view key, std::string_view value,
+                       const std::string& model = {}) {
+  const std::string upper = detail::to_upper(detail::trim(key));
+  bool found = false;
+  boost::mp11::mp_for_each<detail::option_members>([&](auto m) {
+    if (found || detail::to_upper(m.name) != upper) return;
+    found = true;
+    auto& member = options.*m.pointer;
+    if (!detail::parse_value(value, member)) {
+      using member_type = std::remove_cvref_t<decltype(member)>;
+      throw error(errc::invalid_option, model,
+                  detail::concat("option ", upper, "='", value, "' is not valid: expected ",
+                                 detail::accepted<member_type>()));
+    }
+  });
+  if (!found) {
+    throw error(errc::invalid_option, model,
+                detail::concat("unknown option '", key, "'; did you mean ",
+                               detail::quoted_list(detail::closest(upper, option_keys()), " or "),
+                               "?"));
+  }
+}
+
+//! Applies every key of `values` on top of `base` (see set_option for the errors).
+inline runner_options parse_options(const std::map<std::string, std::string>& values,
+                                    runner_options base = {}, const std::string& model = {}) {
+  for (const auto& [k, v] : values) set_option(base, k, v, model);
+  return base;
+}
+
+//! The value of one option as text; throws invalid_option for an unknown key.
+inline std::string get_option(const runner_options& options, std::string_view key) {
+  const std::string upper = detail::to_upper(key);
+  std::optional<std::string> out;
+  boost::mp11::mp_for_each<detail::option_members>([&](auto m) {
+    if (detail::to_upper(m.name) == upper) out = detail::format_value(options.*m.pointer);
+  });
+  if (!out) throw error(errc::invalid_option, {}, detail::concat("unknown option '", key, "'"));
+  return *out;
+}
+
+//! The options that differ from the defaults, as "KEY=value" lines.
+inline std::string to_string(const runner_options& options, bool only_changed = false) {
+  std::ostringstream out;
+  const runner_options defaults{};
+  boost::mp11::mp_for_each<detail::option_members>([&](auto m) {
+    if (only_changed && options.*m.pointer == defaults.*m.pointer) return;
+    out << detail::to_upper(m.name) << '=' << detail::format_value(options.*m.pointer) << '\n';
+  });
+  return std::move(out).str();
+}
+
+//! One "KEY=value" line per option, in declaration order.
+inline std::ostream& operator<<(std::ostream& out, const runner_options& options) {
+  return out << to_string(options);
+}
+
+}  // namespace torchloom

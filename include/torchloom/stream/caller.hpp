@@ -1,0 +1,33 @@
+#pragma once
+#include <torchloom/concepts/stream_policy.hpp>
+
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <utility>
+#include <vector>
+
+namespace torchloom {
+
+//! Runs the model on the caller's current stream of the runner's device: no events, no
+//! extra CUDA calls, only a device guard (the current stream is per device). A no-op on CPU.
+struct caller_stream {
+  constexpr explicit caller_stream(const model_context&) noexcept {}
+
+  template <class Body>
+  c10::IValue execute(c10::Device device, const std::vector<c10::IValue>& /*inputs*/,
+                      Body&& body) {
+    if (device.is_cpu()) {
+      const c10::Stream cpu(c10::Stream::DEFAULT, device);
+      return std::forward<Body>(body)(run_context{device, cpu});
+    }
+    c10::DeviceGuard guard(device);
+    // Device-generic: works for any backend torch was built with, no CUDA headers needed.
+    const c10::Stream current = c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
+    return std::forward<Body>(body)(run_context{device, current});
+  }
+};
+
+static_assert(stream_policy<caller_stream>);
+
+}  // namespace torchloom
