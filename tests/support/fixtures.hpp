@@ -1,0 +1,97 @@
+#pragma once
+// Test fixtures: TorchScript models built in C++ (no Python), Triton-layout directories,
+// and a helper that captures a torchloom::error for assertions on its code and text.
+#include "catch.hpp"
+
+#include <torchloom/error.hpp>
+
+#include <torch/script.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <string_view>
+
+namespace torchloom_test {
+
+namespace fs = std::filesystem;
+
+//! A fresh directory, removed with everything in it when the object goes.
+class temp_dir {
+ public:
+  temp_dir() {
+    std::string tmpl = (fs::temp_directory_path() / "torchloom-test-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+  fs::path operator/(const std::string& p) const { return path_ / p; }
+
+ private:
+  fs::path path_;
+};
+
+inline void write_file(const fs::path& path, std::string_view text) {
+  fs::create_directories(path.parent_path());
+  std::ofstream(path) << text;
+}
+
+//! y = x @ w.T + b with w: [out, in], b: [out]; random weights.
+inline torch::jit::Module make_linear(std::int64_t in = 8, std::int64_t out = 4) {
+  torch::jit::Module m("linear");
+  m.register_parameter("w", torch::randn({out, in}), false);
+  m.register_parameter("b", torch::randn({out}), false);
+  m.define(R"(
+def forward(self, x):
+    return torch.linear(x, self.w, self.b)
+)");
+  return m;
+}
+
+//! Saves `m` as `<dir>/<version>/model.pt` with `config` as `<dir>/config.pbtxt` (if not
+//! empty); returns the model directory.
+inline fs::path write_triton_model(const fs::path& dir, torch::jit::Module& m,
+                                   std::string_view config = {}, int version = 1) {
+  fs::create_directories(dir / std::to_string(version));
+  m.save((dir / std::to_string(version) / "model.pt").string());
+  if (!config.empty()) write_file(dir / "config.pbtxt", config);
+  return dir;
+}
+
+inline bool contains(std::string_view text, std::string_view part) {
+  return text.find(part) != std::string_view::npos;
+}
+
+//! Runs `f`, which must throw torchloom::error, and returns that error.
+template <class F>
+torchloom::error capture_error(F&& f) {
+  try {
+    f();
+  } catch (const torchloom::error& e) {
+    return e;
+  }
+  FAIL("expected a torchloom::error, but nothing was thrown");
+  throw std::logic_error("unreachable");
+}
+
+}  // namespace torchloom_test
+
+//! Checks that `expr` throws torchloom::error with code `code` and a message holding every
+//! one of the strings that follow.
+#define CHECK_TORCHLOOM_ERROR(expr, errc_code, ...)                             \
+  do {                                                                          \
+    const auto tl_err_ = ::torchloom_test::capture_error([&] { (void)(expr); }); \
+    INFO(tl_err_.what());                                                       \
+    CHECK(tl_err_.code() == (errc_code));                                       \
+    for (const std::string& tl_part_ : std::initializer_list<std::string>{__VA_ARGS__}) {                           \
+      INFO("expected in the message: " << tl_part_);                            \
+      CHECK(::torchloom_test::contains(tl_err_.what(), tl_part_));              \
+    }                                                                           \
+  } while (false)

@@ -1,0 +1,173 @@
+// Options: the described aggregate, its generic parser and printer, and config.pbtxt.
+#include "../../support/fixtures.hpp"
+
+#include <torchloom/options.hpp>
+#include <torchloom/triton_config.hpp>
+
+#include <sstream>
+
+using torchloom::errc;
+using torchloom::runner_options;
+
+TEST_CASE("option keys are the design's keys, derived from the description", "[options]") {
+  const std::vector<std::string> expected = {
+      "INFERENCE_MODE",        "DISABLE_OPTIMIZED_EXECUTION", "ENABLE_JIT_EXECUTOR",
+      "ENABLE_JIT_PROFILING",  "INTRA_OP_THREAD_COUNT",       "INTER_OP_THREAD_COUNT",
+      "ENABLE_CACHE_CLEANING", "ENABLE_WEIGHT_SHARING",       "MODEL_INIT_LIBRARY",
+      "OP_LIBRARIES",          "GREEN_CONTEXT_SM_COUNT",      "WEIGHT_OFFLOAD_BUDGET_MB",
+      "WEIGHT_OFFLOAD_PREFETCH_DEPTH", "AOTI_NUM_RUNNERS",    "AOTI_MODEL_NAME",
+      "WARMUP_ITERATIONS"};
+  CHECK(torchloom::option_keys() == expected);
+}
+
+TEST_CASE("booleans accept every documented spelling in any case", "[options]") {
+  for (const char* t : {"true", "TRUE", "1", "yes", "Yes", "on", "ON"}) {
+    runner_options o;
+    o.inference_mode = false;
+    torchloom::set_option(o, "INFERENCE_MODE", t);
+    CHECK(o.inference_mode);
+  }
+  for (const char* f : {"false", "False", "0", "no", "NO", "off", " off "}) {
+    runner_options o;
+    torchloom::set_option(o, "inference_mode", f);  // keys are case-insensitive too
+    CHECK_FALSE(o.inference_mode);
+  }
+}
+
+TEST_CASE("a bad boolean names the model, key, value and what is accepted", "[options]") {
+  runner_options o;
+  CHECK_TORCHLOOM_ERROR(torchloom::set_option(o, "ENABLE_CACHE_CLEANING", "maybe", "ranker"),
+                        errc::invalid_option, "model 'ranker'", "ENABLE_CACHE_CLEANING",
+                        "'maybe'", "true/false", "yes/no", "on/off");
+  CHECK_FALSE(o.enable_cache_cleaning);
+}
+
+TEST_CASE("numbers are range-checked and must be whole", "[options]") {
+  runner_options o;
+  torchloom::set_option(o, "INTRA_OP_THREAD_COUNT", "8");
+  REQUIRE(o.intra_op_thread_count.has_value());
+  CHECK(*o.intra_op_thread_count == 8);
+  CHECK_TORCHLOOM_ERROR(torchloom::set_option(o, "INTRA_OP_THREAD_COUNT", "0"),
+                        errc::invalid_option, "INTRA_OP_THREAD_COUNT", "'0'", "from 1 to 4096");
+  CHECK_TORCHLOOM_ERROR(torchloom::set_option(o, "AOTI_NUM_RUNNERS", "4x"), errc::invalid_option,
+                        "AOTI_NUM_RUNNERS", "'4x'", "an integer");
+  CHECK_TORCHLOOM_ERROR(torchloom::set_option(o, "WARMUP_ITERATIONS", "-1"),
+                        errc::invalid_option, "WARMUP_ITERATIONS");
+  CHECK_TORCHLOOM_ERROR(torchloom::set_option(o, "WEIGHT_OFFLOAD_BUDGET_MB", ""),
+                        errc::invalid_option, "WEIGHT_OFFLOAD_BUDGET_MB");
+  CHECK(*o.intra_op_thread_count == 8);  // a failed set leaves the old value
+}
+
+TEST_CASE("an unknown key suggests the closest valid keys", "[options]") {
+  runner_options o;
+  CHECK_TORCHLOOM_ERROR(torchloom::set_option(o, "INTRA_OP_THREADS", "4", "m"),
+                        errc::invalid_option, "unknown option 'INTRA_OP_THREADS'",
+                        "did you mean 'INTRA_OP_THREAD_COUNT'");
+  CHECK_TORCHLOOM_ERROR(torchloom::set_option(o, "inference-mode", "1"), errc::invalid_option,
+                        "'INFERENCE_MODE'");
+}
+
+TEST_CASE("lists and strings", "[options]") {
+  runner_options o;
+  torchloom::set_option(o, "OP_LIBRARIES", " libs/a.so ; libs/b.so;;");
+  CHECK(o.op_libraries == std::vector<std::string>{"libs/a.so", "libs/b.so"});
+  torchloom::set_option(o, "AOTI_MODEL_NAME", "ranker");
+  CHECK(o.aoti_model_name == "ranker");
+}
+
+TEST_CASE("printing and parsing round-trip and equality is member-wise", "[options]") {
+  runner_options a;
+  a.inference_mode = false;
+  a.intra_op_thread_count = 3;
+  a.op_libraries = {"x.so", "y.so"};
+  a.enable_jit_profiling = false;
+  const std::string text = torchloom::to_string(a, /*only_changed=*/true);
+  CHECK(torchloom_test::contains(text, "INFERENCE_MODE=false\n"));
+  CHECK(torchloom_test::contains(text, "OP_LIBRARIES=x.so;y.so\n"));
+  CHECK_FALSE(torchloom_test::contains(text, "AOTI_MODEL_NAME"));  // unchanged: left out
+
+  std::map<std::string, std::string> values;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    auto eq = line.find('=');
+    values[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  const runner_options b = torchloom::parse_options(values);
+  CHECK(a == b);
+  CHECK_FALSE(b == runner_options{});
+  CHECK(torchloom::get_option(b, "intra_op_thread_count") == "3");
+
+  std::ostringstream all;
+  all << runner_options{};
+  CHECK(torchloom_test::contains(all.str(), "WARMUP_ITERATIONS=0\n"));
+  CHECK(torchloom_test::contains(all.str(), "INTRA_OP_THREAD_COUNT=(unset)\n"));
+}
+
+TEST_CASE("parse_options applies a map on top of a base", "[options]") {
+  runner_options base;
+  base.warmup_iterations = 5;
+  auto o = torchloom::parse_options({{"ENABLE_JIT_EXECUTOR", "off"}}, base);
+  CHECK(o.warmup_iterations == 5);
+  REQUIRE(o.enable_jit_executor.has_value());
+  CHECK_FALSE(*o.enable_jit_executor);
+  CHECK_TORCHLOOM_ERROR(torchloom::parse_options({{"NOPE", "1"}}, base, "m2"),
+                        errc::invalid_option, "model 'm2'", "NOPE");
+}
+
+TEST_CASE("config.pbtxt: the fields torchloom reads, in both list styles", "[options]") {
+  const auto c = torchloom::parse_triton_config(R"(
+# a Triton config
+name: "ranker"
+platform: "pytorch_libtorch"
+max_batch_size: 16
+input [
+  { name: "keys" data_type: TYPE_INT64 dims: [ -1 ] },
+  { name: "dense", data_type: TYPE_FP32, dims: [ 4, 8 ] }
+]
+output { name: "score" data_type: TYPE_FP32 dims: 1 }
+instance_group [ { kind: KIND_GPU count: 2 gpus: [ 0, 1 ] } ]
+dynamic_batching { preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: 100 }
+parameters: { key: "INFERENCE_MODE" value: { string_value: "false" } }
+parameters [
+  { key: "INTRA_OP_THREAD_COUNT", value: { string_value: '2' } },
+  { key: "MODEL_INIT_LIBRARY" value < string_value: "lib\"x\".so" > }
+]
+)");
+  CHECK(c.name == "ranker");
+  CHECK(c.platform == "pytorch_libtorch");
+  CHECK(c.max_batch_size == 16);
+  REQUIRE(c.inputs.size() == 2);
+  CHECK(c.inputs[0].name == "keys");
+  CHECK(c.inputs[0].dtype == c10::ScalarType::Long);
+  CHECK(c.inputs[0].dims == std::vector<std::int64_t>{-1});
+  CHECK(c.inputs[1].dims == std::vector<std::int64_t>{4, 8});
+  REQUIRE(c.outputs.size() == 1);
+  CHECK(c.outputs[0].dims == std::vector<std::int64_t>{1});
+  REQUIRE(c.instance_groups.size() == 1);
+  CHECK(c.instance_groups[0].kind == "KIND_GPU");
+  CHECK(c.instance_groups[0].count == 2);
+  CHECK(c.instance_groups[0].gpus == std::vector<std::int64_t>{0, 1});
+  CHECK(c.parameters.size() == 3);
+  CHECK(c.parameters.at("INFERENCE_MODE") == "false");
+  CHECK(c.parameters.at("INTRA_OP_THREAD_COUNT") == "2");
+  CHECK(c.parameters.at("MODEL_INIT_LIBRARY") == "lib\"x\".so");
+}
+
+TEST_CASE("config.pbtxt errors name the file, the line and the problem", "[options]") {
+  CHECK_TORCHLOOM_ERROR(torchloom::parse_triton_config("name: \"x\"\ninput [ { name: \"a\" ",
+                                                       "models/m/config.pbtxt"),
+                        errc::invalid_option, "models/m/config.pbtxt:2", "'}'");
+  CHECK_TORCHLOOM_ERROR(torchloom::parse_triton_config("name: \"unterminated\n", "c.pbtxt"),
+                        errc::invalid_option, "c.pbtxt:1", "unterminated string");
+  CHECK_TORCHLOOM_ERROR(torchloom::parse_triton_config("\n\nmax_batch_size: eight", "c.pbtxt"),
+                        errc::invalid_option, "c.pbtxt:3", "max_batch_size", "'eight'");
+  CHECK_TORCHLOOM_ERROR(
+      torchloom::parse_triton_config("input { name: \"a\" data_type: TYPE_FP128 }", "c.pbtxt"),
+      errc::invalid_option, "unknown data_type 'TYPE_FP128'", "'a'");
+  CHECK_TORCHLOOM_ERROR(
+      torchloom::parse_triton_config("parameters { key: \"A\" value { int_value: 1 } }",
+                                     "c.pbtxt"),
+      errc::invalid_option, "c.pbtxt:1", "string_value");
+  CHECK_TORCHLOOM_ERROR(torchloom::parse_triton_config("name \"x\"", "c.pbtxt"),
+                        errc::invalid_option, "expected ':' or '{' after 'name'");
+}
