@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# Builds and runs everything on the GPU machine in one call: configure, build, the tests
+# (ctest, [cuda] tests included), then every bench/bm_* benchmark, then the report.
+#
+#   OUT=/some/dir bash scripts/gpu.sh        (from the repository root; OUT defaults to
+#                                             ./out-gpu)
+#
+# Everything goes to $OUT/gpu-log.txt; stdout stays short (machine, step times, test summary,
+# failures) and ends with the report's Markdown table. $OUT receives: gpu-log.txt,
+# bm_<name>.json per benchmark, report.md and latency.png (when matplotlib is installed).
+# Exit status: 1 when configure, build, a test or a benchmark failed. A test failure does not
+# stop the benchmarks, so one call gives all there is to know.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT="${OUT:-$PWD/out-gpu}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+LOG="$OUT/gpu-log.txt"
+: >"$LOG"
+# Results of an earlier run in the same directory must not reach this run's report.
+rm -f "$OUT"/bm_*.json "$OUT/report.md" "$OUT/latency.png"
+BUILD=build-gpu
+JOBS=16
+# The caller's limit is 10 minutes; stop starting work well before it.
+BUDGET_S="${GPU_SH_BUDGET_S:-560}"
+START=$SECONDS
+SCRATCH="$(mktemp -d)"
+trap 'rm -rf "$SCRATCH"' EXIT
+
+say() { printf '%s\n' "$*" | tee -a "$LOG"; }  # stdout and log
+log() { printf '%s\n' "$*" >>"$LOG"; }         # log only
+step() { say "== [$((SECONDS - START))s] $*"; }
+left() { echo $((BUDGET_S - (SECONDS - START))); }
+min() { if (($1 < $2)); then echo "$1"; else echo "$2"; fi; }
+# Shows the first N characters of stdin on stdout (and in the log). Reads all of it, so the
+# writer never dies of SIGPIPE (which pipefail would turn into a failure).
+show() {
+  local text
+  text=$(cat)
+  if [[ -n $text ]]; then printf '%s\n' "${text:0:$1}" | tee -a "$LOG"; fi
+}
+
+# run_logged FILE CMD...: runs CMD with its output streamed to the log (so it survives a
+# kill) and to FILE; returns CMD's status.
+run_logged() {
+  local file=$1
+  shift
+  log "\$ $*"
+  local rc=0
+  "$@" 2>&1 | tee "$file" >>"$LOG" || rc=$?
+  return "$rc"
+}
+
+# finish STATUS MESSAGE: the closing line, for a run that stops before the report.
+finish() {
+  say "== result: $2 ($((SECONDS - START))s)"
+  exit "$1"
+}
+
+# ---------------------------------------------------------------------------------------
+step "machine"
+if [[ -d /usr/local/cuda/bin && ":$PATH:" != *":/usr/local/cuda/bin:"* ]]; then
+  export PATH="/usr/local/cuda/bin:$PATH"
+fi
+# torch's CMake config otherwise compiles and runs a probe to detect the architecture.
+export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
+say "gpu:   $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 \
+  | paste -sd ';' || true)"
+say "torch: $(python3 -c 'import torch
+print(torch.__version__, "| CUDA", torch.version.cuda, "| available:",
+      torch.cuda.is_available(), "| devices:", torch.cuda.device_count())' 2>&1 | tail -1 \
+  || true)"
+say "tools: $(cmake --version | head -1), $(g++ --version | head -1), ninja $(ninja --version), \
+nvcc $(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p' || echo '?')"
+if ! TORCH_PREFIX="$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>>"$LOG")"
+then
+  finish 1 "cannot import torch with $(command -v python3)"
+fi
+log "torch CMake prefix: $TORCH_PREFIX"
+
+# ---------------------------------------------------------------------------------------
+step "configure ($BUILD)"
+# CMAKE_POLICY_VERSION_MINIMUM: CMake 4 refuses package configs that still ask for a
+# policy level below 3.5; this lifts them instead of failing.
+rc=0
+run_logged "$SCRATCH/configure.txt" cmake -S . -B "$BUILD" -G Ninja \
+  -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$TORCH_PREFIX" -DTORCHLOOM_WERROR=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_POLICY_VERSION_MINIMUM=3.5 || rc=$?
+if ((rc != 0)); then
+  say "configure failed (status $rc):"
+  grep -E -A10 'CMake Error|Error:' "$SCRATCH/configure.txt" | show 6000 || true
+  finish 1 "configure FAILED"
+fi
+if grep -q 'TORCHLOOM_HAS_CUDA=1' "$BUILD/build.ninja" 2>/dev/null; then
+  say "torchloom::cuda: yes (CUDA toolkit and a CUDA build of torch found)"
+else
+  say "torchloom::cuda: NO -- CUDA code is compiled out; [cuda] tests will skip"
+fi
+
+# ---------------------------------------------------------------------------------------
+step "build (ninja -j$JOBS)"
+rc=0
+run_logged "$SCRATCH/build.txt" ninja -C "$BUILD" -j"$JOBS" || rc=$?
+if ((rc != 0)); then
+  say "build failed (status $rc); first errors:"
+  grep -E -A6 'error:|FAILED:|undefined reference|ninja: build stopped' "$SCRATCH/build.txt" \
+    | cut -c1-300 | show 7000 || true
+  finish 1 "build FAILED"
+fi
+say "built $(grep -c '^\[' "$SCRATCH/build.txt" || true) steps"
+
+# ---------------------------------------------------------------------------------------
+step "test (ctest -j4)"
+test_rc=0
+t=$(min 300 $(($(left) - 120)))
+if ((t < 60)); then
+  say "no time left for the tests"
+  test_rc=1
+else
+  run_logged "$SCRATCH/ctest.txt" timeout "$t" \
+    ctest --test-dir "$BUILD" --output-on-failure -j4 --timeout 120 || test_rc=$?
+  if ((test_rc == 124)); then say "ctest stopped after ${t}s"; fi
+  {
+    grep -E 'tests passed|Total Test time|No tests were found' "$SCRATCH/ctest.txt" || true
+    sed -n '/The following tests did not run/,/^$/p' "$SCRATCH/ctest.txt"
+    sed -n '/The following tests FAILED/,$p' "$SCRATCH/ctest.txt" | grep -v '^Errors while' \
+      || true
+  } | cut -c1-200 | show 3000
+  if ((test_rc != 0)); then
+    say "-- failing test output (first lines; all of it is in gpu-log.txt):"
+    failure='FAILED:|\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout|Subprocess aborted'
+    failure+='|Child aborted|unexpected exception|SEGFAULT|Segmentation fault'
+    grep -E -A5 "$failure" "$SCRATCH/ctest.txt" | cut -c1-240 | show 5000 || true
+  fi
+fi
+
+# ---------------------------------------------------------------------------------------
+step "benchmarks"
+bench_total=0
+bench_failed=0
+shopt -s nullglob
+for exe in "$BUILD"/bench/bm_*; do
+  [[ -f $exe && -x $exe ]] || continue
+  name=$(basename "$exe")
+  bench_total=$((bench_total + 1))
+  t=$(min 240 $(($(left) - 20)))
+  if ((t < 30)); then
+    say "$name: not run, no time left"
+    bench_failed=$((bench_failed + 1))
+    continue
+  fi
+  began=$SECONDS
+  rc=0
+  # Random interleaving runs the repetitions of all benchmarks in a shuffled order, so a
+  # raw call and its runner share the machine's drift instead of running minutes apart.
+  run_logged "$SCRATCH/$name.txt" timeout "$t" "$exe" --benchmark_format=console \
+    --benchmark_out="$OUT/$name.json" --benchmark_out_format=json \
+    --benchmark_enable_random_interleaving=true || rc=$?
+  if ((rc == 0)); then
+    skipped=$(grep -c 'ERROR OCCURRED' "$SCRATCH/$name.txt" || true)
+    note=""
+    if ((${skipped:-0} > 0)); then note=", $skipped runs skipped with an error"; fi
+    say "$name: ok ($((SECONDS - began))s$note)"
+  else
+    bench_failed=$((bench_failed + 1))
+    say "$name: FAILED (status $rc after $((SECONDS - began))s); last lines:"
+    tail -n 15 "$SCRATCH/$name.txt" | cut -c1-200 | show 3000
+  fi
+done
+shopt -u nullglob
+if ((bench_total == 0)); then say "no benchmarks found in $BUILD/bench"; fi
+
+# ---------------------------------------------------------------------------------------
+status=0
+verdict="build ok"
+if ((test_rc != 0)); then
+  status=1
+  verdict+="; tests FAILED (ctest status $test_rc)"
+else
+  verdict+="; tests ok"
+fi
+if ((bench_failed != 0)); then
+  status=1
+  verdict+="; benchmarks: $bench_failed of $bench_total FAILED"
+else
+  verdict+="; benchmarks: $bench_total ok"
+fi
+step "report"
+say "== result: $verdict ($((SECONDS - START))s)"
+say ""
+jsons=()
+for j in "$OUT"/bm_*.json; do [[ -s $j ]] && jsons+=("$j"); done
+if ((${#jsons[@]} == 0)); then
+  say "(no benchmark results to report)"
+  exit 1
+fi
+rc=0
+python3 scripts/report.py --out "$OUT" "${jsons[@]}" 2>&1 | tee -a "$LOG" || rc=$?
+if ((rc != 0)); then status=1; fi
+exit "$status"

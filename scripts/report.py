@@ -1,0 +1,327 @@
+#!/usr/bin/env python3
+"""Turns Google Benchmark JSON files into torchloom's performance report.
+
+    scripts/report.py [--out DIR] bm_overhead.json [bm_streams.json ...]
+
+Benchmarks named BM_raw_<x>/<params> and BM_runner_<x>/<params> (same <x>, same params) are
+paired: the table gives both medians, their ratio, both p99s and the PERF.md target the ratio
+is held to. Everything else is listed on its own with its median and p99. Times are the
+real-time median and p99 aggregates of the repetitions, in microseconds; a benchmark run
+without repetitions shows its single value as the median and no p99.
+
+Prints the Markdown tables (last thing on stdout), writes DIR/report.md and, when matplotlib
+is installed, DIR/latency.png. Standard library only otherwise.
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+
+# Targets for raw/runner pairs, first match on <x> wins: (pattern, target name, max ratio).
+# PERF.md: T1, the runner against the raw LibTorch call, <= 1.02x per call. Add a row here
+# when a later benchmark pairs raw and runner under a different target.
+PAIR_TARGETS = [
+    (re.compile(r".*"), "T1", 1.02),
+]
+
+# Name components Google Benchmark appends from the registration's settings, not from
+# the benchmark's own parameters.
+SETTING_PARTS = re.compile(
+    r"^(min_time:.*|min_warmup_time:.*|repeats:\d+|iterations:\d+|threads:\d+|"
+    r"real_time|manual_time|process_time)$")
+
+TO_US = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
+
+
+class result:
+    """One benchmark's figures: median and p99 real time in microseconds, or an error."""
+
+    def __init__(self, base, params):
+        self.base = base
+        self.params = params  # list of (key, value), in name order
+        self.median = None
+        self.p99 = None
+        self.single = None  # the only run, when there were no repetitions
+        self.error = None
+
+    def param(self, key):
+        for k, v in self.params:
+            if k == key:
+                return v
+        return None
+
+    def extra_params(self):
+        return [f"{k}:{v}" if not k.startswith("arg") else v
+                for k, v in self.params if k not in ("device", "batch")]
+
+    def value(self):
+        return self.median if self.median is not None else self.single
+
+
+def split_name(run_name):
+    """'BM_x/device:cpu/batch:1/min_time:0.1/repeats:30/real_time' ->
+    ('BM_x', [('device', 'cpu'), ('batch', '1')])."""
+    parts = run_name.split("/")
+    params = []
+    for i, p in enumerate(p for p in parts[1:] if not SETTING_PARTS.match(p)):
+        if ":" in p:
+            k, v = p.split(":", 1)
+            params.append((k, v))
+        else:
+            params.append((f"arg{i}", p))
+    return parts[0], params
+
+
+def load(files):
+    results = {}  # run name without settings -> result
+    order = []
+    contexts = []
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        contexts.append((path, data.get("context", {})))
+        for b in data.get("benchmarks", []):
+            run_name = b.get("run_name") or b["name"]
+            base, params = split_name(run_name)
+            key = "/".join([base] + [f"{k}:{v}" for k, v in params])
+            r = results.get(key)
+            if r is None:
+                r = results[key] = result(base, params)
+                order.append(key)
+            if b.get("error_occurred") or b.get("skipped"):
+                r.error = b.get("error_message") or b.get("skip_message") or "skipped"
+                continue
+            scale = TO_US.get(b.get("time_unit", "ns"), 1e-3)
+            t = b.get("real_time")
+            if t is None:
+                continue
+            if b.get("run_type") == "aggregate":
+                if b.get("aggregate_unit", "time") != "time":
+                    continue
+                if b.get("aggregate_name") == "median":
+                    r.median = t * scale
+                elif b.get("aggregate_name") == "p99":
+                    r.p99 = t * scale
+            elif b.get("repetitions", 1) <= 1:
+                r.single = t * scale
+    return [results[k] for k in order], contexts
+
+
+def fmt_us(v):
+    if v is None:
+        return "-"
+    if v < 10:
+        return f"{v:.2f}"
+    if v < 1000:
+        return f"{v:.1f}"
+    return f"{v:.0f}"
+
+
+def pair_up(results):
+    raw, runner, other = {}, {}, []
+    for r in results:
+        m = re.match(r"^BM_(raw|runner)_(.+)$", r.base)
+        if not m:
+            other.append(r)
+            continue
+        key = (m.group(2), tuple(r.params))
+        (raw if m.group(1) == "raw" else runner)[key] = r
+    pairs = []
+    for key, rw in raw.items():
+        if key in runner:
+            pairs.append((key[0], rw, runner.pop(key)))
+        else:
+            other.append(rw)
+    other.extend(runner.values())
+    pairs.sort(key=lambda p: (p[0], sort_key(p[1])))
+    other.sort(key=lambda r: (r.base, sort_key(r)))
+    return pairs, other
+
+
+def sort_key(r):
+    """Orders rows by their parameters, numbers as numbers (batch 1 before batch 32)."""
+    out = []
+    for k, v in r.params:
+        try:
+            out.append((k, 0, float(v), ""))
+        except ValueError:
+            out.append((k, 1, 0.0, v))
+    return out
+
+
+def target_for(feature):
+    for pattern, name, limit in PAIR_TARGETS:
+        if pattern.fullmatch(feature):
+            return name, limit
+    return None, None
+
+
+def pair_rows(pairs):
+    rows, verdicts = [], []
+    for feature, rw, rn in pairs:
+        name = " ".join([feature] + rw.extra_params())
+        tname, limit = target_for(feature)
+        ratio = None
+        if rw.error or rn.error:
+            verdict = f"skipped: {rw.error or rn.error}"
+            verdicts.append((tname, "skipped"))
+        elif rw.value() and rn.value() is not None:
+            ratio = rn.value() / rw.value()
+            if tname is None:
+                verdict = "-"
+            else:
+                ok = ratio <= limit
+                verdict = f"{tname} ≤{limit:g}×: {'pass' if ok else 'FAIL'}"
+                verdicts.append((tname, "pass" if ok else "fail"))
+        else:
+            verdict = "no data"
+            verdicts.append((tname, "skipped"))
+        rows.append([name, rw.param("device") or "-", rw.param("batch") or "-",
+                     fmt_us(rw.value()), fmt_us(rn.value()),
+                     "-" if ratio is None else f"{ratio:.3f}",
+                     fmt_us(rw.p99), fmt_us(rn.p99), verdict])
+    return rows, verdicts
+
+
+def other_rows(other):
+    rows = []
+    for r in other:
+        params = ", ".join(f"{k}:{v}" if not k.startswith("arg") else v for k, v in r.params)
+        if r.error:
+            rows.append([r.base, params or "-", "-", "-", f"skipped: {r.error}"])
+        else:
+            rows.append([r.base, params or "-", fmt_us(r.value()), fmt_us(r.p99), ""])
+    return rows
+
+
+def markdown(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def summary(verdicts):
+    out = []
+    for tname in sorted({t for t, _ in verdicts if t}):
+        counts = {"pass": 0, "fail": 0, "skipped": 0}
+        for t, v in verdicts:
+            if t == tname:
+                counts[v] += 1
+        out.append(f"{tname}: {counts['pass']} pass, {counts['fail']} fail, "
+                   f"{counts['skipped']} skipped")
+    return "; ".join(out)
+
+
+def plot(pairs, other, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    labels, raw_v, run_v, raw_e, run_e = [], [], [], [], []
+    for feature, rw, rn in pairs:
+        if rw.error or rn.error or rw.value() is None or rn.value() is None:
+            continue
+        labels.append("\n".join([feature] + [f"{k}:{v}" for k, v in rw.params]))
+        raw_v.append(rw.value())
+        run_v.append(rn.value())
+        raw_e.append(max((rw.p99 or rw.value()) - rw.value(), 0))
+        run_e.append(max((rn.p99 or rn.value()) - rn.value(), 0))
+    singles = [r for r in other if not r.error and r.value() is not None]
+    if not labels and not singles:
+        return False
+    fig, axes = plt.subplots(1, 2 if labels and singles else 1,
+                             figsize=(max(6, 1.6 * (len(labels) + len(singles)) + 2), 4.5),
+                             squeeze=False)
+    ax_i = 0
+    if labels:
+        ax = axes[0][ax_i]
+        ax_i += 1
+        x = list(range(len(labels)))
+        w = 0.38
+        ax.bar([i - w / 2 for i in x], raw_v, w, yerr=[[0] * len(x), raw_e], capsize=3,
+               label="raw LibTorch")
+        ax.bar([i + w / 2 for i in x], run_v, w, yerr=[[0] * len(x), run_e], capsize=3,
+               label="torchloom runner")
+        ax.set_xticks(x)
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.set_yscale("log")
+        ax.set_ylabel("µs per call (median; whisker: p99)")
+        ax.set_title("runner vs raw call")
+        ax.legend(fontsize=8)
+    if singles:
+        ax = axes[0][ax_i]
+        x = list(range(len(singles)))
+        vals = [r.value() for r in singles]
+        errs = [max((r.p99 or r.value()) - r.value(), 0) for r in singles]
+        ax.bar(x, vals, 0.6, yerr=[[0] * len(x), errs], capsize=3)
+        ax.set_xticks(x)
+        ax.set_xticklabels(["\n".join([r.base] + [f"{k}:{v}" for k, v in r.params])
+                            for r in singles], fontsize=7)
+        ax.set_yscale("log")
+        ax.set_ylabel("µs (median; whisker: p99)")
+        ax.set_title("other benchmarks")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="+", help="Google Benchmark JSON output files")
+    ap.add_argument("--out", default=".", help="directory for report.md and latency.png")
+    args = ap.parse_args(argv)
+
+    try:
+        results, contexts = load(args.files)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"report.py: cannot read the benchmark results: {e}", file=sys.stderr)
+        return 2
+    pairs, other = pair_up(results)
+    prows, verdicts = pair_rows(pairs)
+    tables = []
+    if prows:
+        tables.append(markdown(
+            ["benchmark", "device", "batch", "raw median µs", "runner median µs", "ratio",
+             "raw p99", "runner p99", "target"], prows))
+    orows = other_rows(other)
+    if orows:
+        tables.append(markdown(["benchmark", "params", "median µs", "p99 µs", "note"], orows))
+
+    ctx = contexts[0][1] if contexts else {}
+    machine = (f"{ctx.get('host_name', '?')}, {ctx.get('num_cpus', '?')} CPUs, "
+               f"benchmark library {ctx.get('library_build_type', '?')} build, "
+               f"{ctx.get('date', '?')}")
+    head = "Medians and p99 over the repetitions; ratio = runner median / raw median."
+    verdict_line = summary(verdicts)
+
+    os.makedirs(args.out, exist_ok=True)
+    png = os.path.join(args.out, "latency.png")
+    plotted = plot(pairs, other, png)
+    with open(os.path.join(args.out, "report.md"), "w", encoding="utf-8") as f:
+        f.write("# torchloom benchmark report\n\n")
+        f.write(f"Machine: {machine}.  \nFiles: "
+                + ", ".join(os.path.basename(p) for p, _ in contexts) + ".\n\n")
+        f.write(head + "\n\n")
+        if verdict_line:
+            f.write(f"**{verdict_line}**\n\n")
+        f.write("\n\n".join(tables) + "\n")
+        if plotted:
+            f.write("\n![latency](latency.png)\n")
+
+    print(f"## torchloom benchmarks ({machine})")
+    print(head)
+    if verdict_line:
+        print(verdict_line)
+    print()
+    print("\n\n".join(tables) if tables else "(no benchmark results)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
