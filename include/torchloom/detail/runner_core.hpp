@@ -45,7 +45,10 @@ class runner_core {
       settings_.push_back(setting_claim::make(
           "INTER_OP_THREAD_COUNT", std::to_string(n), spec_.name, [n] {
             // torch allows this once, before its inter-op pool starts.
-            if (at::get_num_interop_threads() != n) at::set_num_interop_threads(n);
+            // (size_t in torch 2.x, int in 1.13)
+            if (static_cast<int>(at::get_num_interop_threads()) != n) {
+              at::set_num_interop_threads(n);
+            }
           }));
     }
     if (o.enable_cache_cleaning && device_.is_cuda() && !TORCHLOOM_HAS_CUDA) {
@@ -153,14 +156,15 @@ class runner_core {
       throw error(errc::unsupported, spec_.name,
                   concat("device ", device_, " is not supported; use cpu or cuda:N"));
     }
-    const auto count = torch::cuda::device_count();
+    // size_t in torch 1.13, c10::DeviceIndex in 2.x
+    const auto count = static_cast<std::int64_t>(torch::cuda::device_count());
     if (count == 0) {
       throw error(errc::unsupported, spec_.name,
                   concat("device ", device_,
                          " requested, but torch sees no CUDA device (or was built without "
                          "CUDA)"));
     }
-    if (device_.has_index() && static_cast<std::size_t>(device_.index()) >= count) {
+    if (device_.has_index() && device_.index() >= count) {
       throw error(errc::unsupported, spec_.name,
                   concat("device ", device_, " requested, but there are only ", count,
                          " CUDA devices"));
