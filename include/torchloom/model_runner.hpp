@@ -102,6 +102,7 @@ class model_runner {
   std::vector<at::Tensor> run(std::vector<c10::IValue> inputs) {
     const c10::IValue out = run_ivalue(std::move(inputs));
     std::vector<at::Tensor> tensors;
+    tensors.reserve(out.isTuple() ? out.toTupleRef().elements().size() : 1);
     detail::flatten_tensors(core_.name(), out, tensors);
     return tensors;
   }

@@ -7,6 +7,9 @@
 
 #include <torch/script.h>
 
+#include <ftw.h>
+#include <stdio.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -27,9 +30,14 @@ class temp_dir {
   }
   temp_dir(const temp_dir&) = delete;
   temp_dir& operator=(const temp_dir&) = delete;
+  // Not std::filesystem::remove_all: pip torch's libtorch.so exports its own copy of it
+  // (from a statically linked libstdc++), the dynamic linker binds ours to that one, and it
+  // crashes (torch 2.11, jumping to address 0). POSIX nftw has no such twin.
   ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
+    ::nftw(
+        path_.c_str(),
+        [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
+        FTW_DEPTH | FTW_PHYS);
   }
   const fs::path& path() const { return path_; }
   fs::path operator/(const std::string& p) const { return path_ / p; }

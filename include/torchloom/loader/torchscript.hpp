@@ -88,8 +88,9 @@ struct torchscript_loader {
   }
 
   c10::IValue run(model_type& m, std::vector<c10::IValue>&& inputs, const run_context&) const {
+    if (m.optimized_execution) return m.module.forward(std::move(inputs));
     // The graph executor's optimisation switch is thread-local in torch: set it per run.
-    torch::jit::GraphOptimizerEnabledGuard optimize(m.optimized_execution);
+    torch::jit::GraphOptimizerEnabledGuard optimize(false);
     return m.module.forward(std::move(inputs));
   }
 };
