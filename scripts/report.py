@@ -9,6 +9,13 @@ is held to. Everything else is listed on its own with its median and p99. Times 
 real-time median and p99 aggregates of the repetitions, in microseconds; a benchmark run
 without repetitions shows its single value as the median and no p99.
 
+Benchmarks named BM_paired_<x>/<params> time raw and runner calls alternately in one loop and
+report per-call figures as user counters (raw_median_us, runner_median_us, ratio, raw_p99_us,
+runner_p99_us, calls) per repetition. They get their own table: the median of each counter
+over the repetitions, the ratio's min-max across them, and the verdict on the median ratio.
+Where such a table holds a target, the summary line counts that target from it, not from
+the separately run pairs (whose ratio drifts between runs by more than T1's 2%).
+
 Prints the Markdown tables (last thing on stdout), writes DIR/report.md and, when matplotlib
 is installed, DIR/latency.png. Standard library only otherwise.
 """
@@ -35,6 +42,10 @@ SETTING_PARTS = re.compile(
 
 TO_US = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
 
+# User counters of the BM_paired_* benchmarks (bench/bm_overhead.cpp).
+PAIRED_COUNTERS = ("raw_median_us", "runner_median_us", "ratio", "raw_p99_us",
+                   "runner_p99_us", "calls")
+
 
 class result:
     """One benchmark's figures: median and p99 real time in microseconds, or an error."""
@@ -46,6 +57,9 @@ class result:
         self.p99 = None
         self.single = None  # the only run, when there were no repetitions
         self.error = None
+        # User counters by statistic: "median", "min", "max" aggregates, or "single".
+        self.counters = {}
+        self.repetitions = 1
 
     def param(self, key):
         for k, v in self.params:
@@ -94,6 +108,13 @@ def load(files):
             if b.get("error_occurred") or b.get("skipped"):
                 r.error = b.get("error_message") or b.get("skip_message") or "skipped"
                 continue
+            counters = {c: b[c] for c in PAIRED_COUNTERS if isinstance(b.get(c), (int, float))}
+            if counters and b.get("aggregate_unit", "time") == "time":
+                if b.get("run_type") == "aggregate":
+                    r.counters[b.get("aggregate_name")] = counters
+                    r.repetitions = b.get("repetitions", 1)
+                elif b.get("repetitions", 1) <= 1:
+                    r.counters["single"] = counters
             scale = TO_US.get(b.get("time_unit", "ns"), 1e-3)
             t = b.get("real_time")
             if t is None:
@@ -121,8 +142,12 @@ def fmt_us(v):
 
 
 def pair_up(results):
-    raw, runner, other = {}, {}, []
+    """-> (raw/runner pairs, BM_paired_* results, everything else)."""
+    raw, runner, paired, other = {}, {}, [], []
     for r in results:
+        if r.base.startswith("BM_paired_"):
+            paired.append(r)
+            continue
         m = re.match(r"^BM_(raw|runner)_(.+)$", r.base)
         if not m:
             other.append(r)
@@ -138,7 +163,8 @@ def pair_up(results):
     other.extend(runner.values())
     pairs.sort(key=lambda p: (p[0], sort_key(p[1])))
     other.sort(key=lambda r: (r.base, sort_key(r)))
-    return pairs, other
+    paired.sort(key=lambda r: (r.base, sort_key(r)))
+    return pairs, paired, other
 
 
 def sort_key(r):
@@ -184,6 +210,48 @@ def pair_rows(pairs):
                      "-" if ratio is None else f"{ratio:.3f}",
                      fmt_us(rw.p99), fmt_us(rn.p99), verdict])
     return rows, verdicts
+
+
+def paired_rows(paired):
+    rows, verdicts = [], []
+    for r in paired:
+        feature = r.base[len("BM_paired_"):]
+        name = " ".join([feature] + r.extra_params())
+        tname, limit = target_for(feature)
+        med = r.counters.get("median") or r.counters.get("single")
+        lo = r.counters.get("min") or med
+        hi = r.counters.get("max") or med
+        if r.error:
+            rows.append([name, r.param("device") or "-", r.param("batch") or "-",
+                         "-", "-", "-", "-", "-", f"skipped: {r.error}"])
+            verdicts.append((tname, "skipped"))
+            continue
+        if not med or "ratio" not in med:
+            rows.append([name, r.param("device") or "-", r.param("batch") or "-",
+                         "-", "-", "-", "-", "-", "no data"])
+            verdicts.append((tname, "skipped"))
+            continue
+        ratio = med["ratio"]
+        if tname is None:
+            verdict = "-"
+        else:
+            ok = ratio <= limit
+            verdict = f"{tname} ≤{limit:g}×: {'pass' if ok else 'FAIL'}"
+            verdicts.append((tname, "pass" if ok else "fail"))
+        spread = f"{ratio:.3f} ({lo['ratio']:.3f}–{hi['ratio']:.3f})"
+        calls = med.get("calls")
+        rows.append([name, r.param("device") or "-", r.param("batch") or "-",
+                     "-" if calls is None else f"{calls:.0f}×{r.repetitions}",
+                     fmt_us(med.get("raw_median_us")), fmt_us(med.get("runner_median_us")),
+                     f"{fmt_us(med.get('raw_p99_us'))} / {fmt_us(med.get('runner_p99_us'))}",
+                     spread, verdict])
+    return rows, verdicts
+
+
+def merge_verdicts(separate, paired):
+    """The paired verdicts replace the separate ones for every target they cover."""
+    covered = {t for t, _ in paired if t}
+    return [v for v in separate if v[0] not in covered] + paired
 
 
 def other_rows(other):
@@ -282,13 +350,25 @@ def main(argv):
     except (OSError, ValueError, KeyError) as e:
         print(f"report.py: cannot read the benchmark results: {e}", file=sys.stderr)
         return 2
-    pairs, other = pair_up(results)
-    prows, verdicts = pair_rows(pairs)
+    pairs, paired, other = pair_up(results)
+    prows, separate_verdicts = pair_rows(pairs)
+    qrows, paired_verdicts = paired_rows(paired)
+    verdicts = merge_verdicts(separate_verdicts, paired_verdicts)
     tables = []
     if prows:
-        tables.append(markdown(
+        targets = sorted({t for t, _ in separate_verdicts if t})
+        title = " ".join(targets) + " (separate runs)" if targets else "Raw vs runner"
+        tables.append(f"### {title}\n" + markdown(
             ["benchmark", "device", "batch", "raw median µs", "runner median µs", "ratio",
              "raw p99", "runner p99", "target"], prows))
+    if qrows:
+        targets = sorted({t for t, _ in paired_verdicts if t})
+        title = " ".join(targets) + " paired" if targets else "Paired raw vs runner"
+        tables.append(
+            f"### {title}: raw and runner calls alternate in one loop, each call timed\n"
+            + markdown(["benchmark", "device", "batch", "calls×reps", "raw median µs",
+                        "runner median µs", "per-call p99 raw / runner µs",
+                        "ratio median (min–max)", "target"], qrows))
     orows = other_rows(other)
     if orows:
         tables.append(markdown(["benchmark", "params", "median µs", "p99 µs", "note"], orows))
@@ -298,6 +378,9 @@ def main(argv):
                f"benchmark library {ctx.get('library_build_type', '?')} build, "
                f"{ctx.get('date', '?')}")
     head = "Medians and p99 over the repetitions; ratio = runner median / raw median."
+    if qrows:
+        head += (" Paired: per-call medians and p99 within a repetition, then the median "
+                 "over the repetitions.")
     verdict_line = summary(verdicts)
 
     os.makedirs(args.out, exist_ok=True)
