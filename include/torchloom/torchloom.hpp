@@ -12,6 +12,9 @@
 #include <torchloom/options.hpp>
 #include <torchloom/residency/resident.hpp>
 #include <torchloom/signature.hpp>
+#include <torchloom/stream/adaptive.hpp>
 #include <torchloom/stream/caller.hpp>
+#include <torchloom/stream/green_context.hpp>
+#include <torchloom/stream/pool.hpp>
 #include <torchloom/triton_config.hpp>
 #include <torchloom/version.hpp>

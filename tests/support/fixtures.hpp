@@ -5,6 +5,8 @@
 
 #include <torchloom/error.hpp>
 
+#include <torch/csrc/jit/frontend/resolver.h>
+#include <torch/csrc/jit/frontend/sugared_value.h>
 #include <torch/script.h>
 
 #include <ftw.h>
@@ -71,6 +73,32 @@ inline fs::path write_triton_model(const fs::path& dir, torch::jit::Module& m,
   m.save((dir / std::to_string(version) / "model.pt").string());
   if (!config.empty()) write_file(dir / "config.pbtxt", config);
   return dir;
+}
+
+//! Resolves `torch` as TorchScript's C++ frontend does, and each custom-op namespace in
+//! `namespaces` as a module of operators, so a model defined in C++ can call
+//! `tl_test.lookup(...)`: without a resolver, `torch.ops.<ns>` cannot be resolved there.
+struct op_namespace_resolver : torch::jit::Resolver {
+  std::vector<std::string> namespaces;
+  explicit op_namespace_resolver(std::vector<std::string> ns) : namespaces(std::move(ns)) {}
+  std::shared_ptr<torch::jit::SugaredValue> resolveValue(const std::string& name,
+                                                         torch::jit::GraphFunction&,
+                                                         const torch::jit::SourceRange&) override {
+    if (name == "torch") return std::make_shared<torch::jit::BuiltinModule>("aten");
+    for (const auto& ns : namespaces) {
+      if (name == ns) return std::make_shared<torch::jit::BuiltinModule>(ns);
+    }
+    return nullptr;
+  }
+  c10::TypePtr resolveType(const std::string&, const torch::jit::SourceRange&) override {
+    return nullptr;
+  }
+};
+
+//! Module::define with custom-op namespaces callable as `<ns>.<op>(...)`.
+inline void define_with_ops(torch::jit::Module& m, const std::string& source,
+                            std::vector<std::string> namespaces) {
+  m.define(source, std::make_shared<op_namespace_resolver>(std::move(namespaces)));
 }
 
 inline bool contains(std::string_view text, std::string_view part) {

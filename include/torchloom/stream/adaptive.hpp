@@ -1,0 +1,41 @@
+#pragma once
+#include <torchloom/concepts/stream_policy.hpp>
+#include <torchloom/detail/stream_fence.hpp>
+#include <torchloom/stream/caller.hpp>
+#include <torchloom/stream/pool.hpp>
+
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <utility>
+#include <vector>
+
+namespace torchloom {
+
+//! Torch-TensorRT's rule: a pool stream (fenced, as pool_stream) when the caller is on the
+//! device's default stream, which would serialise with everything else; the caller's own
+//! stream otherwise (as caller_stream). A no-op on CPU.
+struct adaptive_stream {
+  constexpr explicit adaptive_stream(const model_context&) noexcept {}
+
+  template <class Body>
+  c10::IValue execute(c10::Device device, const std::vector<c10::IValue>& inputs,
+                      Body&& body) {
+    if (device.is_cpu()) {
+      const c10::Stream cpu(c10::Stream::DEFAULT, device);
+      return std::forward<Body>(body)(run_context{device, cpu});
+    }
+    c10::DeviceGuard guard(device);
+    const auto* impl = c10::impl::getDeviceGuardImpl(device.type());
+    const c10::Stream current = impl->getStream(device);
+    if (current != impl->getDefaultStream(device)) {
+      return std::forward<Body>(body)(run_context{device, current});
+    }
+    return detail::run_fenced(device, impl->getStreamFromGlobalPool(device), inputs,
+                              std::forward<Body>(body));
+  }
+};
+
+static_assert(stream_policy<adaptive_stream>);
+
+}  // namespace torchloom

@@ -1,0 +1,34 @@
+#pragma once
+#include <torchloom/concepts/stream_policy.hpp>
+#include <torchloom/detail/stream_fence.hpp>
+
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <utility>
+#include <vector>
+
+namespace torchloom {
+
+//! Runs the model on a stream from torch's stream pool (round-robin per run, so concurrent
+//! runs overlap), fenced with the caller's current stream by events both ways; tensors that
+//! cross streams are recorded on the stream that uses them. The caller may use the outputs on
+//! its own stream right after run() returns. No host synchronisation. A no-op on CPU.
+struct pool_stream {
+  constexpr explicit pool_stream(const model_context&) noexcept {}
+
+  template <class Body>
+  c10::IValue execute(c10::Device device, const std::vector<c10::IValue>& inputs,
+                      Body&& body) {
+    if (device.is_cpu()) {
+      const c10::Stream cpu(c10::Stream::DEFAULT, device);
+      return std::forward<Body>(body)(run_context{device, cpu});
+    }
+    const c10::Stream work =
+        c10::impl::getDeviceGuardImpl(device.type())->getStreamFromGlobalPool(device);
+    return detail::run_fenced(device, work, inputs, std::forward<Body>(body));
+  }
+};
+
+static_assert(stream_policy<pool_stream>);
+
+}  // namespace torchloom
