@@ -45,6 +45,21 @@ TO_US = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
 # User counters of the BM_paired_* benchmarks (bench/bm_overhead.cpp).
 PAIRED_COUNTERS = ("raw_median_us", "runner_median_us", "ratio", "raw_p99_us",
                    "runner_p99_us", "calls")
+# bm_streams (T2) and bm_isolation (T3) report through counters too.
+STREAM_POLICIES = ("BM_pool_stream", "BM_adaptive_stream", "BM_green_context_stream",
+                   "BM_adaptive_stream_nondefault")
+STREAM_COUNTERS = ("cpu_us_median", "cpu_us_p99", "gpu_us_median", "gpu_us_p99",
+                   "cpu_us_delta", "gpu_us_delta", "caller_cpu_us_median", "caller_gpu_us_median")
+ISOLATION_SCENARIOS = (
+    ("BM_alone_plain", "victim alone, whole GPU", ""),
+    ("BM_alone_green", "victim alone, green context", ""),
+    ("BM_cotenant_plain_streams", "co-tenant GEMMs, plain streams", "control"),
+    ("BM_cotenant_green_contexts", "co-tenant GEMMs, both in green contexts", "T3"),
+    ("BM_cotenant_green_victim_only", "co-tenant on a plain stream, victim green", "control"),
+)
+ISOLATION_COUNTERS = ("p50_us", "p99_us", "calls", "alone_p99_us", "ratio_vs_alone",
+                      "victim_sms", "cotenant_sms", "cotenant_tflops")
+ALL_COUNTERS = PAIRED_COUNTERS + STREAM_COUNTERS + ISOLATION_COUNTERS
 
 
 class result:
@@ -108,7 +123,7 @@ def load(files):
             if b.get("error_occurred") or b.get("skipped"):
                 r.error = b.get("error_message") or b.get("skip_message") or "skipped"
                 continue
-            counters = {c: b[c] for c in PAIRED_COUNTERS if isinstance(b.get(c), (int, float))}
+            counters = {c: b[c] for c in ALL_COUNTERS if isinstance(b.get(c), (int, float))}
             if counters and b.get("aggregate_unit", "time") == "time":
                 if b.get("run_type") == "aggregate":
                     r.counters[b.get("aggregate_name")] = counters
@@ -265,6 +280,68 @@ def other_rows(other):
     return rows
 
 
+def counter_set(r):
+    """The counters of a result: the median aggregate, else the single run."""
+    return r.counters.get("median") or r.counters.get("single") or {}
+
+
+def stream_rows(other):
+    """T2: per-call cost of each stream policy over caller_stream, same repetition."""
+    rows, verdicts, used = [], [], set()
+    by_base = {r.base: r for r in other}
+    for name in ("BM_caller_stream",) + STREAM_POLICIES:
+        r = by_base.get(name)
+        if r is None:
+            continue
+        used.add(name)
+        label = name[3:]
+        if r.error:
+            rows.append([label, "-", "-", "-", "-", "-", "-", f"skipped: {r.error}"])
+            continue
+        c = counter_set(r)
+        target = ""
+        if name == "BM_caller_stream":
+            target = "baseline"
+        elif "cpu_us_delta" in c and "gpu_us_delta" in c:
+            if name.endswith("_nondefault"):
+                target = "≈ caller (no fence)"
+            else:
+                ok = c["cpu_us_delta"] <= 5.0 and c["gpu_us_delta"] <= 1.0
+                target = f"T2 ≤5 µs CPU, ≤1 µs GPU: {'pass' if ok else 'FAIL'}"
+                verdicts.append(("T2", "pass" if ok else "fail"))
+        rows.append([label, fmt_us(c.get("cpu_us_median")), fmt_us(c.get("cpu_us_p99")),
+                     fmt_us(c.get("gpu_us_median")), fmt_us(c.get("gpu_us_p99")),
+                     fmt_us(c.get("cpu_us_delta")), fmt_us(c.get("gpu_us_delta")), target])
+    return rows, verdicts, used
+
+
+def isolation_rows(other):
+    """T3: victim latency under a saturating co-tenant, against the same victim alone."""
+    rows, verdicts, used = [], [], set()
+    by_base = {r.base: r for r in other}
+    for name, what, role in ISOLATION_SCENARIOS:
+        r = by_base.get(name)
+        if r is None:
+            continue
+        used.add(name)
+        if r.error:
+            rows.append([what, "-", "-", "-", "-", "-", "-", f"skipped: {r.error}"])
+            continue
+        c = counter_set(r)
+        ratio = c.get("ratio_vs_alone")
+        note = role
+        if role == "T3" and ratio is not None:
+            ok = ratio <= 1.15
+            note = f"T3 ≤1.15×: {'pass' if ok else 'FAIL'}"
+            verdicts.append(("T3", "pass" if ok else "fail"))
+        sms = f"{c.get('victim_sms', 0):.0f} / {c.get('cotenant_sms', 0):.0f}"
+        rows.append([what, sms, fmt_us(c.get("p50_us")), fmt_us(c.get("p99_us")),
+                     fmt_us(c.get("alone_p99_us")),
+                     f"{ratio:.2f}×" if ratio is not None else "-",
+                     f"{c.get('calls', 0):.0f}", note])
+    return rows, verdicts, used
+
+
 def markdown(header, rows):
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
@@ -369,6 +446,19 @@ def main(argv):
             + markdown(["benchmark", "device", "batch", "calls×reps", "raw median µs",
                         "runner median µs", "per-call p99 raw / runner µs",
                         "ratio median (min–max)", "target"], qrows))
+    srows, stream_verdicts, used_s = stream_rows(other)
+    irows, isolation_verdicts, used_i = isolation_rows(other)
+    verdicts = verdicts + stream_verdicts + isolation_verdicts
+    other = [r for r in other if r.base not in used_s | used_i]
+    if srows:
+        tables.append("### T2: stream policies, per call (bm_streams; delta = policy − "
+                      "caller_stream in the same repetition)\n" + markdown(
+                          ["policy", "CPU median µs", "CPU p99", "GPU median µs", "GPU p99",
+                           "CPU delta µs", "GPU delta µs", "target"], srows))
+    if irows:
+        tables.append("### T3: victim latency under a saturating co-tenant (bm_isolation)\n"
+                      + markdown(["scenario", "SMs victim / co-tenant", "p50 µs", "p99 µs",
+                                  "alone p99 µs", "p99 / alone", "calls", "target"], irows))
     orows = other_rows(other)
     if orows:
         tables.append(markdown(["benchmark", "params", "median µs", "p99 µs", "note"], orows))

@@ -1,0 +1,356 @@
+// T2 (PERF.md): the per-call cost of the fenced stream policies (pool_stream, adaptive_stream,
+// green_context_stream) over caller_stream, on the bundled tiny MLP at batch 8 on cuda:0.
+//
+// Every repetition of BM_<policy> measures the policy's runner and a caller_stream runner of
+// the same model side by side, alternating blocks of calls, so both see the same drift and the
+// delta is taken within one repetition. Per call it measures:
+//  - CPU time: the host time of run() alone (steady_clock around the call; the output is
+//    destroyed inside the timed region, since freeing a tensor that crossed streams is part of
+//    a fenced policy's cost). No device sync inside the timed region; the caller's stream is
+//    synchronised every `block_calls` calls, outside it.
+//  - GPU time: CUDA events recorded on the caller's stream before and after run(). A host
+//    function launched first holds the stream until run() has enqueued everything, so the
+//    events measure the device's work and the cross-stream hops, not the CPU's launch gaps (a
+//    tiny model's kernels are otherwise spaced by the CPU launching them).
+// Each policy's output is checked bitwise against caller_stream's before it is timed.
+#include <torchloom/detail/config.hpp>
+#include <torchloom/torchloom.hpp>
+
+#include <benchmark/benchmark.h>
+#include <torch/cuda.h>
+#include <torch/script.h>
+
+#if TORCHLOOM_HAS_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+#if __has_include(<torchloom/stream/green_context.hpp>)
+#include <torchloom/stream/green_context.hpp>
+#define TORCHLOOM_BENCH_HAS_GREEN_CONTEXT 1
+#endif
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace {
+
+#if TORCHLOOM_HAS_CUDA
+
+constexpr std::int64_t batch = 8;
+constexpr std::int64_t feature_count = 64;  // the bundled model's input: float32 [batch, 64]
+// Above the pool's 32 streams per priority, so every pool stream has run the model (and has
+// its allocator blocks) before anything is timed.
+constexpr int process_warmup_calls = 100;
+constexpr int repetition_warmup_calls = 16;  // per side, before each repetition's samples
+constexpr int block_calls = 64;              // CPU samples per block; sync between blocks
+constexpr int cpu_blocks = 8;                // per side and repetition: 512 CPU samples
+constexpr int gpu_samples = 64;              // per side and repetition
+constexpr int repetitions = 30;
+constexpr const char* green_sm_count = "64";  // about half an H100
+
+template <class S>
+using runner_type = torchloom::model_runner<torchloom::torchscript_loader, torchloom::no_hook, S>;
+
+// Policies that need GREEN_CONTEXT_SM_COUNT on the spec.
+template <class S>
+constexpr bool needs_sm_count = false;
+#ifdef TORCHLOOM_BENCH_HAS_GREEN_CONTEXT
+template <>
+constexpr bool needs_sm_count<torchloom::green_context_stream> = true;
+#endif
+
+// Runners are built once per process (a load and the executor's profiling runs are not what
+// T2 measures) and destroyed by main() before it returns, so no CUDA tensor outlives the CUDA
+// runtime's own teardown at exit.
+std::vector<std::function<void()>>& cleanups() {
+  static std::vector<std::function<void()>> c;
+  return c;
+}
+
+void check_cuda(cudaError_t rc, const char* what) {
+  if (rc != cudaSuccess) {
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(rc));
+  }
+}
+
+void sync_current_stream() {
+  check_cuda(cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream(0).stream()),
+             "cudaStreamSynchronize");
+}
+
+// Random inputs on cuda:0 (never zeros: PERF.md), the same for both sides.
+std::vector<c10::IValue> make_inputs() {
+  torch::manual_seed(42);
+  return {torch::rand({batch, feature_count}, torch::TensorOptions().device(torch::kCUDA, 0))};
+}
+
+// The runner for policy S, built on first use; nullptr (and `error` set) when it cannot be.
+template <class S>
+runner_type<S>* runner(std::string& error) {
+  struct slot {
+    std::optional<runner_type<S>> r;
+    std::string error;
+    bool tried = false;
+  };
+  static slot s;
+  if (!s.tried) {
+    s.tried = true;
+    try {
+      auto spec = torchloom::model_spec::from_directory(TORCHLOOM_BUNDLED_MODEL_DIR);
+      if constexpr (needs_sm_count<S>) spec.set("GREEN_CONTEXT_SM_COUNT", green_sm_count);
+      s.r.emplace(std::move(spec), c10::Device(c10::kCUDA, 0));
+      cleanups().push_back([] { s.r.reset(); });
+      const std::vector<c10::IValue> inputs = make_inputs();
+      for (int i = 0; i < process_warmup_calls; ++i) s.r->run(inputs);
+      sync_current_stream();
+    } catch (const std::exception& e) {
+      s.r.reset();
+      s.error = e.what();
+    }
+  }
+  error = s.error;
+  return s.r ? &*s.r : nullptr;
+}
+
+// A non-default stream for the "caller on its own stream" case, the same for every call.
+c10::cuda::CUDAStream side_stream() {
+  static const c10::cuda::CUDAStream s = c10::cuda::getStreamFromPool(false, 0);
+  return s;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const std::size_t mid = v.size() / 2;
+  return v.size() % 2 == 1 ? v[mid] : (v[mid - 1] + v[mid]) / 2.0;
+}
+
+double p99(std::vector<double> v) {  // nearest rank
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const std::size_t rank = (v.size() * 99 + 99) / 100;
+  return v[rank == 0 ? 0 : rank - 1];
+}
+
+// `block_calls` calls, each timed on the host alone; then the stream is drained, untimed.
+template <class R>
+void time_cpu_block(R& r, const std::vector<c10::IValue>& inputs, std::vector<double>& us) {
+  for (int i = 0; i < block_calls; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    {
+      std::vector<at::Tensor> out = r.run(inputs);
+      benchmark::DoNotOptimize(out);
+    }
+    const auto stop = std::chrono::steady_clock::now();
+    us.push_back(std::chrono::duration<double, std::micro>(stop - start).count());
+  }
+  sync_current_stream();
+}
+
+// Holds a stream until opened from the host: a host function that spins on a flag. Bounded,
+// so a run() that waited for the device (which it must not) shows as an error, not a hang.
+struct stream_gate {
+  std::atomic<bool> open{false};
+  std::atomic<bool> timed_out{false};
+
+  static void hold(void* self) {
+    auto* g = static_cast<stream_gate*>(self);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (!g->open.load(std::memory_order_acquire)) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        g->timed_out.store(true);
+        return;
+      }
+    }
+  }
+};
+
+struct event_pair {
+  cudaEvent_t start = nullptr;
+  cudaEvent_t stop = nullptr;
+  event_pair() {
+    check_cuda(cudaEventCreate(&start), "cudaEventCreate");
+    check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
+  }
+  event_pair(const event_pair&) = delete;
+  event_pair& operator=(const event_pair&) = delete;
+  ~event_pair() {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+};
+
+// Device time of one run() between events on the caller's stream, in microseconds.
+template <class R>
+double time_gpu_call(R& r, const std::vector<c10::IValue>& inputs, event_pair& ev) {
+  const cudaStream_t s = c10::cuda::getCurrentCUDAStream(0).stream();
+  stream_gate gate;
+  check_cuda(cudaLaunchHostFunc(s, &stream_gate::hold, &gate), "cudaLaunchHostFunc");
+  try {
+    check_cuda(cudaEventRecord(ev.start, s), "cudaEventRecord");
+    {
+      std::vector<at::Tensor> out = r.run(inputs);
+      benchmark::DoNotOptimize(out);
+    }
+    check_cuda(cudaEventRecord(ev.stop, s), "cudaEventRecord");
+  } catch (...) {
+    // The host function reads `gate`: let it return before `gate` goes out of scope.
+    gate.open.store(true, std::memory_order_release);
+    cudaStreamSynchronize(s);
+    throw;
+  }
+  gate.open.store(true, std::memory_order_release);
+  check_cuda(cudaEventSynchronize(ev.stop), "cudaEventSynchronize");
+  if (gate.timed_out.load()) {
+    throw std::runtime_error("run() waited for the device while its stream was held");
+  }
+  float ms = 0.0F;
+  check_cuda(cudaEventElapsedTime(&ms, ev.start, ev.stop), "cudaEventElapsedTime");
+  return static_cast<double>(ms) * 1000.0;
+}
+
+struct samples {
+  std::vector<double> cpu_us;
+  std::vector<double> gpu_us;
+};
+
+// One benchmark per policy S. `caller_on_side_stream`: the caller runs on a non-default stream
+// (for adaptive_stream, which then stays on it). For S = caller_stream there is only one side.
+template <class S>
+void bm_policy(benchmark::State& state, bool caller_on_side_stream) {
+  if (!torch::cuda::is_available()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  constexpr bool paired = !std::is_same_v<S, torchloom::caller_stream>;
+  std::string error;
+  auto* base = runner<torchloom::caller_stream>(error);
+  if (base == nullptr) {
+    state.SkipWithError(("caller_stream runner: " + error).c_str());
+    return;
+  }
+  auto* policy = runner<S>(error);
+  if (policy == nullptr) {
+    state.SkipWithError(("policy runner: " + error).c_str());
+    return;
+  }
+  std::optional<c10::cuda::CUDAStreamGuard> guard;
+  if (caller_on_side_stream) guard.emplace(side_stream());
+  try {
+    const std::vector<c10::IValue> inputs = make_inputs();
+    if constexpr (paired) {
+      // Only time the policy when it computes what caller_stream computes, bit for bit.
+      const at::Tensor expected = base->run(inputs).at(0).cpu();
+      const at::Tensor got = policy->run(inputs).at(0).cpu();
+      if (!torch::equal(got, expected)) {
+        state.SkipWithError("policy output differs from the caller_stream output");
+        return;
+      }
+    }
+    for (int i = 0; i < repetition_warmup_calls; ++i) {
+      base->run(inputs);
+      if constexpr (paired) policy->run(inputs);
+    }
+    sync_current_stream();
+    event_pair events;
+    samples b;
+    samples p;
+    for (auto _ : state) {
+      for (int blk = 0; blk < cpu_blocks; ++blk) {
+        // Alternate which side goes first, so neither always follows a sync.
+        if (!paired || blk % 2 == 0) {
+          time_cpu_block(*base, inputs, b.cpu_us);
+          if constexpr (paired) time_cpu_block(*policy, inputs, p.cpu_us);
+        } else {
+          time_cpu_block(*policy, inputs, p.cpu_us);
+          time_cpu_block(*base, inputs, b.cpu_us);
+        }
+      }
+      for (int i = 0; i < gpu_samples; ++i) {
+        b.gpu_us.push_back(time_gpu_call(*base, inputs, events));
+        if constexpr (paired) p.gpu_us.push_back(time_gpu_call(*policy, inputs, events));
+      }
+      const samples& shown = paired ? p : b;
+      state.SetIterationTime(median(shown.cpu_us) * 1e-6);
+    }
+    const samples& shown = paired ? p : b;
+    state.counters["cpu_us_median"] = median(shown.cpu_us);
+    state.counters["cpu_us_p99"] = p99(shown.cpu_us);
+    state.counters["gpu_us_median"] = median(shown.gpu_us);
+    state.counters["gpu_us_p99"] = p99(shown.gpu_us);
+    if constexpr (paired) {
+      state.counters["caller_cpu_us_median"] = median(b.cpu_us);
+      state.counters["caller_gpu_us_median"] = median(b.gpu_us);
+      state.counters["cpu_us_delta"] = median(p.cpu_us) - median(b.cpu_us);
+      state.counters["gpu_us_delta"] = median(p.gpu_us) - median(b.gpu_us);
+    }
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+#ifndef TORCHLOOM_BENCH_HAS_GREEN_CONTEXT
+void bm_green_missing(benchmark::State& state) {
+  state.SkipWithError("torchloom/stream/green_context.hpp is not in this build");
+}
+#endif
+
+template <class Fn, class... Args>
+void register_one(const char* name, bool runnable, Fn fn, Args... args) {
+  // Without a device the benchmark only reports its skip: once, not once per repetition.
+  runnable = runnable && torch::cuda::is_available();
+  benchmark::RegisterBenchmark(name, fn, args...)
+      ->Unit(benchmark::kMicrosecond)
+      ->UseManualTime()
+      ->Iterations(1)
+      ->Repetitions(runnable ? repetitions : 1)
+      ->DisplayAggregatesOnly(true);
+}
+
+void register_benchmarks() {
+  using namespace torchloom;
+  register_one("BM_caller_stream", true, bm_policy<caller_stream>, false);
+  register_one("BM_pool_stream", true, bm_policy<pool_stream>, false);
+  register_one("BM_adaptive_stream", true, bm_policy<adaptive_stream>, false);
+  register_one("BM_adaptive_stream_nondefault", true, bm_policy<adaptive_stream>, true);
+#ifdef TORCHLOOM_BENCH_HAS_GREEN_CONTEXT
+  register_one("BM_green_context_stream", true, bm_policy<green_context_stream>, false);
+#else
+  register_one("BM_green_context_stream", false, bm_green_missing);
+#endif
+}
+
+#else  // !TORCHLOOM_HAS_CUDA
+
+void bm_streams(benchmark::State& state) { state.SkipWithError("built without CUDA"); }
+
+void register_benchmarks() { benchmark::RegisterBenchmark("BM_streams", bm_streams); }
+
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  register_benchmarks();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+#if TORCHLOOM_HAS_CUDA
+  for (auto& c : cleanups()) c();
+  cleanups().clear();
+#endif
+  return 0;
+}
