@@ -101,7 +101,8 @@ fi
 # ---------------------------------------------------------------------------------------
 step "build (ninja -j$JOBS)"
 rc=0
-run_logged "$SCRATCH/build.txt" ninja -C "$BUILD" -j"$JOBS" || rc=$?
+# -k 0: build all that can be built, so one call shows every compile error.
+run_logged "$SCRATCH/build.txt" ninja -C "$BUILD" -j"$JOBS" -k 0 || rc=$?
 if ((rc != 0)); then
   say "build failed (status $rc); first errors:"
   grep -E -A6 'error:|FAILED:|undefined reference|ninja: build stopped' "$SCRATCH/build.txt" \

@@ -1,6 +1,7 @@
 #pragma once
 // One include for Catch2 2.x (Debian 12) and 3.x (the GPU machine).
 #if __has_include(<catch2/catch_test_macros.hpp>)
+#include <catch2/catch_template_test_macros.hpp>
 #include <catch2/catch_test_macros.hpp>
 #define TORCHLOOM_CATCH_SKIP(msg) SKIP(msg)
 #else
