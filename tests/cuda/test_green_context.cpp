@@ -140,7 +140,7 @@ TEST_CASE("green_context_stream: kernels run only on the partition's SMs", "[str
   model_dir m(torchloom_test::make_linear());
   const auto policy = make_policy<green_context_stream>(m.spec(asked));
   CHECK(policy->sm_count() == asked);
-  REQUIRE(policy->context().has_value());
+  REQUIRE(policy->context() != nullptr);
 
   const int blocks = 4 * device_sm_count();
   const auto green = sms_used_through(*policy, blocks);
@@ -251,34 +251,36 @@ TEST_CASE(
   CHECK(wrong == 0);
 }
 
-TEST_CASE("green_context_stream: 50 runners made and destroyed leave no green context behind",
+TEST_CASE("green_context_stream: 50 runners made and destroyed share one context per "
+          "configuration and leak no device memory",
           "[stream][cuda]") {
   TORCHLOOM_REQUIRE_CUDA();
   using torchloom::cuda::green_context;
   const int asked = smallest_possible(16, sm_split_part::remaining);
   model_dir m(make_affine());
-  const int live_before = green_context::live_count();
   const auto x = torch::arange(1024, torch::dtype(torch::kFloat32).device(gpu));
   const auto expected = (x * 2 + 1).cpu();
   {
-    // First use of the device by these runners (allocator pools, module loading) is not a leak.
-    runner<green_context_stream> warm(m.spec(asked), gpu);
-    CHECK(torch::equal(warm.run({x})[0].cpu(), expected));
+    // The first runner of each configuration creates its green context (and the first use
+    // loads modules and fills allocator pools): not a leak.
+    runner<green_context_stream> first(m.spec(asked), gpu);
+    runner<green_context_complement_stream> rest(m.spec(asked), gpu);
+    CHECK(torch::equal(first.run({x})[0].cpu(), expected));
+    CHECK(torch::equal(rest.run({x})[0].cpu(), expected));
   }
-  CHECK(green_context::live_count() == live_before);
+  const int live_before = green_context::live_count();
+  CHECK(live_before >= 2);
   const std::size_t free_before = free_device_memory();
   for (int i = 0; i < 50; ++i) {
     if (i % 2 == 0) {
       runner<green_context_stream> r(m.spec(asked), gpu);
-      CHECK(green_context::live_count() == live_before + 1);
       CHECK(torch::equal(r.run({x})[0].cpu(), expected));
     } else {
       runner<green_context_complement_stream> r(m.spec(asked), gpu);
-      CHECK(green_context::live_count() == live_before + 1);
       CHECK(torch::equal(r.run({x})[0].cpu(), expected));
     }
+    CHECK(green_context::live_count() == live_before);  // reused, not made again
   }
-  CHECK(green_context::live_count() == live_before);
   const std::size_t free_after = free_device_memory();
   const auto shrink =
       static_cast<std::int64_t>(free_before) - static_cast<std::int64_t>(free_after);

@@ -1,5 +1,11 @@
 #pragma once
 // One include for Catch2 2.x (Debian 12) and 3.x (the GPU machine).
+//
+// torch's logging header defines CHECK (glog's, or c10's copy of it): whichever header comes
+// last would win, and a glog CHECK aborts the process instead of reporting to Catch. Include
+// it first, drop its CHECK, and let Catch define its own; the include guard keeps it out after.
+#include <c10/util/Logging.h>
+#undef CHECK
 #if __has_include(<catch2/catch_test_macros.hpp>)
 #include <catch2/catch_template_test_macros.hpp>
 #include <catch2/catch_test_macros.hpp>

@@ -11,6 +11,7 @@
 #include <c10/core/Stream.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -33,7 +34,8 @@ enum class green_partition {
 //! its kernels run only on those SMs, so a co-tenant in the complement partition never
 //! shares an SM with it. At construction, for a CUDA device: a green context with
 //! GREEN_CONTEXT_SM_COUNT SMs (`first`) or with every SM outside those (`complement`), made
-//! once per runner and destroyed with it (after its queued work). Each run is fenced with the
+//! once per process and configuration and shared by the runners that ask for it
+//! (cuda::shared_green_context says why). Each run is fenced with the
 //! caller's current stream both ways as in pool_stream, so the caller may use the outputs on
 //! its own stream right after run() returns; concurrent runs of one runner share its one
 //! green stream. No host synchronisation per run. A no-op on CPU.
@@ -62,7 +64,7 @@ class basic_green_context_stream {
                                  "; set it in the model's options (config.pbtxt parameters "
                                  "or model_spec::set)"));
     }
-    context_.emplace(
+    context_ = cuda::shared_green_context(
         ctx.name, ctx.device.has_index() ? ctx.device.index() : c10::DeviceIndex{0}, count->value,
         P == green_partition::first ? cuda::sm_split_part::group : cuda::sm_split_part::remaining);
   }
@@ -98,7 +100,7 @@ class basic_green_context_stream {
   //! SMs actually in the partition (0 on CPU).
   int sm_count() const noexcept { return context_ ? context_->sm_count() : 0; }
   //! The green context (empty on CPU).
-  const std::optional<cuda::green_context>& context() const noexcept { return context_; }
+  const std::shared_ptr<cuda::green_context>& context() const noexcept { return context_; }
 
  private:
   static const std::vector<c10::IValue>& no_inputs() noexcept {
@@ -110,7 +112,7 @@ class basic_green_context_stream {
     return P == green_partition::first ? "green_context_stream" : "green_context_complement_stream";
   }
 
-  std::optional<cuda::green_context> context_;
+  std::shared_ptr<cuda::green_context> context_;
 };
 
 #else
