@@ -30,6 +30,13 @@ void for_each_tensor(const c10::IValue& v, F&& f) {
   }
 }
 
+//! A run on a CPU device: no streams to choose or fence, for every stream policy.
+template <class Body>
+c10::IValue run_on_host(c10::Device device, Body&& body) {
+  const c10::Stream host(c10::Stream::DEFAULT, device);
+  return std::forward<Body>(body)(run_context{device, host});
+}
+
 //! Two events per device for the calling thread, created once and re-recorded on every run:
 //! creating a CUDA event per run would cost more than the fence itself. Thread-local because
 //! c10::Event is not thread-safe.

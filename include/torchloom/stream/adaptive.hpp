@@ -21,10 +21,7 @@ struct adaptive_stream {
   template <class Body>
   c10::IValue execute(c10::Device device, const std::vector<c10::IValue>& inputs,
                       Body&& body) {
-    if (device.is_cpu()) {
-      const c10::Stream cpu(c10::Stream::DEFAULT, device);
-      return std::forward<Body>(body)(run_context{device, cpu});
-    }
+    if (device.is_cpu()) return detail::run_on_host(device, std::forward<Body>(body));
     c10::DeviceGuard guard(device);
     const auto* impl = c10::impl::getDeviceGuardImpl(device.type());
     const c10::Stream current = impl->getStream(device);

@@ -1,5 +1,6 @@
 #pragma once
 #include <torchloom/concepts/stream_policy.hpp>
+#include <torchloom/detail/stream_fence.hpp>
 
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -17,10 +18,7 @@ struct caller_stream {
   template <class Body>
   c10::IValue execute(c10::Device device, const std::vector<c10::IValue>& /*inputs*/,
                       Body&& body) {
-    if (device.is_cpu()) {
-      const c10::Stream cpu(c10::Stream::DEFAULT, device);
-      return std::forward<Body>(body)(run_context{device, cpu});
-    }
+    if (device.is_cpu()) return detail::run_on_host(device, std::forward<Body>(body));
     c10::DeviceGuard guard(device);
     // Device-generic: works for any backend torch was built with, no CUDA headers needed.
     const c10::Stream current = c10::impl::getDeviceGuardImpl(device.type())->getStream(device);

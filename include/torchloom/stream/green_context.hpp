@@ -71,10 +71,7 @@ class basic_green_context_stream {
 
   template <class Body>
   c10::IValue execute(c10::Device device, const std::vector<c10::IValue>& inputs, Body&& body) {
-    if (device.is_cpu() || !context_) {
-      const c10::Stream cpu(c10::Stream::DEFAULT, device);
-      return std::forward<Body>(body)(run_context{device, cpu});
-    }
+    if (device.is_cpu() || !context_) return detail::run_on_host(device, std::forward<Body>(body));
     // The inputs are not recorded on the green stream, as run_fenced would do: the caching
     // allocator records an event on every stream a block was recorded on when the block is
     // freed, and an input may outlive this runner and its stream (cudaEventRecord on a
