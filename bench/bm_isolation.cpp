@@ -227,7 +227,7 @@ int green_sm_count_of() {
       const std::filesystem::path dir = state_of_process().dir;
       torchloom::runner_options options;
       options.green_context_sm_count = green_sm_count_value;
-      P policy(torchloom::model_context{name, dir, c10::Device(c10::kCUDA, 0), options});
+      P policy(torchloom::model_context{name, dir, c10::Device(c10::kCUDA, 0), options, dir});
       return static_cast<int>(policy.sm_count());
     } catch (const std::exception&) {
       return -1;

@@ -2,7 +2,7 @@
 # come in as system headers, so -Werror applies to our code only.
 function(torchloom_project_flags target)
   target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Wshadow
-                                           -Wnon-virtual-dtor -Wold-style-cast)
+                           $<$<COMPILE_LANGUAGE:CXX>:-Wnon-virtual-dtor -Wold-style-cast>)
   if(TORCHLOOM_WERROR)
     target_compile_options(${target} PRIVATE -Werror)
   endif()

@@ -151,6 +151,7 @@ struct model_context {
   const std::filesystem::path& directory;
   c10::Device device;
   const runner_options& options;
+  const std::filesystem::path& version_directory;  //!< holds the model file
 };
 
 }  // namespace torchloom

@@ -5,7 +5,10 @@
 #include <torchloom/concepts/residency_policy.hpp>
 #include <torchloom/concepts/stream_policy.hpp>
 #include <torchloom/error.hpp>
+#include <torchloom/hook/dlopen_hook.hpp>
 #include <torchloom/hook/no_hook.hpp>
+#include <torchloom/hook/static_hook.hpp>
+#include <torchloom/library_trust.hpp>
 #include <torchloom/loader/torchscript.hpp>
 #include <torchloom/model_runner.hpp>
 #include <torchloom/model_spec.hpp>

@@ -70,7 +70,8 @@ def forward(self, x):
 // The policy as a runner makes it, from the spec's options.
 template <class Policy>
 std::unique_ptr<Policy> make_policy(const model_spec& s) {
-  return std::make_unique<Policy>(torchloom::model_context{s.name, s.directory, gpu, s.options});
+  return std::make_unique<Policy>(torchloom::model_context{s.name, s.directory, gpu, s.options,
+                                                                  s.version_directory});
 }
 
 // The smallest SM count >= `at_least` that the device splits off exactly for `part`.

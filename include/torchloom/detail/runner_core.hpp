@@ -1,6 +1,7 @@
 #pragma once
 #include <torchloom/concepts/loader.hpp>
 #include <torchloom/detail/config.hpp>
+#include <torchloom/detail/op_libraries.hpp>
 #include <torchloom/detail/process_settings.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
@@ -56,6 +57,8 @@ class runner_core {
                   "ENABLE_CACHE_CLEANING on a CUDA device needs the torchloom::cuda target "
                   "(TORCHLOOM_HAS_CUDA)");
     }
+    // Before the hook and the model, which may need the operators the libraries register.
+    load_op_libraries(spec_.name, spec_.directory, o.op_libraries);
   }
 
   const std::string& name() const noexcept { return spec_.name; }
@@ -65,7 +68,8 @@ class runner_core {
   const input_signature& signature() const noexcept { return signature_; }
 
   model_context context() const noexcept {
-    return model_context{spec_.name, spec_.directory, device_, spec_.options};
+    return model_context{spec_.name, spec_.directory, device_, spec_.options,
+                         spec_.version_directory};
   }
 
   load_context load(std::string_view default_filename) const {

@@ -1,0 +1,366 @@
+#pragma once
+#include <torchloom/detail/strings.hpp>
+#include <torchloom/error.hpp>
+#include <torchloom/library_trust.hpp>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <mutex>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+// OP_LIBRARIES: shared libraries that register custom operators with torch's dispatcher.
+//
+// A library registers its operators from static initialisers while dlopen runs, and torch
+// reports a duplicate (a second TORCH_LIBRARY for a namespace, a second def() of an
+// operator) by throwing from there, which ends the process. So torchloom loads each new
+// library first in a short-lived child process (fork, then dlopen there): the child reports
+// the operators the library registers, or torch's complaint, and exits. Only a library that
+// registers nothing already registered is then loaded here. Loaded libraries stay for the
+// process's lifetime (the dispatcher keeps pointers into them) and are loaded once, even
+// when several models name them or ship byte-identical copies.
+
+namespace torchloom::detail {
+
+//! An op library this process loaded.
+struct op_library_record {
+  std::string path;              // real path
+  std::string model;             // the model it was first loaded for
+  std::vector<std::string> ops;  // "ns::name" or "ns::name.overload"
+  std::uintmax_t size = 0;
+  std::uint64_t hash = 0;
+  void* handle = nullptr;
+};
+
+struct op_library_state {
+  std::mutex mutex;  // held while a library is probed and loaded
+  std::vector<op_library_record> loaded;
+};
+
+inline op_library_state& op_libraries() {
+  // Never destroyed: the libraries, and the dispatcher's pointers into them, outlive it.
+  static auto* state = new op_library_state;
+  return *state;
+}
+
+inline std::string op_name(const c10::OperatorName& n) {
+  return n.overload_name.empty() ? n.name : concat(n.name, ".", n.overload_name);
+}
+
+inline std::set<std::string> registered_op_names() {
+  std::set<std::string> names;
+  for (const auto& n : c10::Dispatcher::singleton().getAllOpNames()) names.insert(op_name(n));
+  return names;
+}
+
+inline std::string_view op_namespace(std::string_view op) {
+  const auto pos = op.find("::");
+  return pos == std::string_view::npos ? std::string_view() : op.substr(0, pos);
+}
+
+// Byte-identical copies of a loaded library count as that library: compared by size and
+// FNV-1a hash first, then byte for byte.
+inline bool read_file_bytes(const std::string& path, std::string& out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  out.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return !in.bad();
+}
+inline std::uint64_t fnv1a(std::string_view bytes) {
+  std::uint64_t h = 14695981039346656037ull;
+  for (const unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+//! What loading a library in a child process showed.
+struct op_library_probe {
+  enum class outcome { registered, dlopen_failed, torch_refused, crashed };
+  outcome result = outcome::crashed;
+  std::vector<std::string> ops;  // registered: the operators it adds
+  std::string message;           // otherwise: dlerror(), torch's message, or what happened
+};
+
+inline void write_all(int fd, std::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    data.remove_prefix(static_cast<std::size_t>(n));
+  }
+}
+
+// The end of a child's report: a report without it was cut short.
+inline constexpr char probe_end = '\x04';
+
+inline int& probe_fd() {
+  static int fd = -1;
+  return fd;
+}
+
+[[noreturn]] inline void probe_child(int fd, const std::string& path,
+                                     const std::set<std::string>& before) {
+  probe_fd() = fd;
+  // torch throws from the library's static initialisers; that ends in std::terminate, or
+  // unwinds out of dlopen, depending on how the library was built. Report it either way.
+  std::set_terminate([] {
+    std::string report = "T";
+    try {
+      if (auto e = std::current_exception()) std::rethrow_exception(e);
+      report += "std::terminate was called";
+    } catch (const std::exception& e) {
+      report += e.what();
+    } catch (...) {
+      report += "an exception that is not a std::exception";
+    }
+    report += probe_end;
+    write_all(probe_fd(), report);
+    ::_exit(3);
+  });
+  std::string report;
+  try {
+    if (::dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+      const char* why = ::dlerror();
+      report = concat("E", why ? why : "dlopen failed");
+    } else {
+      report = "O";
+      for (const auto& op : registered_op_names()) {
+        if (before.count(op) == 0) report.append(op).push_back('\n');
+      }
+    }
+  } catch (const std::exception& e) {
+    report = concat("T", e.what());
+  } catch (...) {
+    report = "Tan exception that is not a std::exception";
+  }
+  report.push_back(probe_end);
+  write_all(fd, report);
+  ::_exit(0);
+}
+
+//! Loads `path` in a child process and reports what it registers or why it failed.
+inline op_library_probe probe_op_library(const std::string& path,
+                                         std::chrono::milliseconds timeout) {
+  op_library_probe probe;
+  const std::set<std::string> before = registered_op_names();
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    probe.message = concat("cannot create a pipe: ", std::strerror(errno));
+    return probe;
+  }
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    probe.message = concat("cannot fork a process to load it in: ", std::strerror(errno));
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return probe;
+  }
+  if (pid == 0) {
+    ::close(fds[0]);
+    probe_child(fds[1], path, before);
+  }
+  ::close(fds[1]);
+
+  std::string report;
+  bool timed_out = false;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  char buf[4096];
+  while (report.empty() || report.back() != probe_end) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd p{fds[0], POLLIN, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(left.count()));
+    if (r < 0 && errno != EINTR) break;
+    if (r <= 0) continue;
+    const ssize_t n = ::read(fds[0], buf, sizeof buf);
+    if (n > 0) {
+      report.append(buf, static_cast<std::size_t>(n));
+    } else if (n == 0 || errno != EINTR) {
+      break;
+    }
+  }
+  ::close(fds[0]);
+  if (timed_out) ::kill(pid, SIGKILL);
+  int status = 0;
+  pid_t waited;
+  do {
+    waited = ::waitpid(pid, &status, 0);
+  } while (waited < 0 && errno == EINTR);
+
+  if (report.empty() || report.back() != probe_end) {
+    if (timed_out) {
+      probe.message = concat("loading it in a child process did not finish within ",
+                             timeout.count() / 1000, " s");
+    } else if (waited == pid && WIFSIGNALED(status)) {
+      probe.message = concat("loading it in a child process crashed (",
+                             ::strsignal(WTERMSIG(status)), ")");
+    } else {
+      probe.message = "loading it in a child process ended without a report";
+    }
+    return probe;
+  }
+  report.pop_back();
+  const char kind = report.front();
+  report.erase(0, 1);
+  if (kind == 'O') {
+    probe.result = op_library_probe::outcome::registered;
+    probe.ops = split(report, '\n');
+  } else if (kind == 'E') {
+    probe.result = op_library_probe::outcome::dlopen_failed;
+    probe.message = report;
+  } else {
+    probe.result = op_library_probe::outcome::torch_refused;
+    probe.message = report;
+  }
+  return probe;
+}
+
+// What torch's refusal names: the operator ("Tried to register an operator (ns::op(...) ->
+// ...) with the same name ...") or the namespace ("Only a single TORCH_LIBRARY can be used
+// to register the namespace ns; ..."). Empty when it names neither.
+inline std::string refused_operator(std::string_view message) {
+  constexpr std::string_view marker = "register an operator (";
+  const auto pos = message.find(marker);
+  if (pos == std::string_view::npos) return {};
+  const auto rest = message.substr(pos + marker.size());
+  return std::string(rest.substr(0, rest.find_first_of("( ")));
+}
+inline std::string refused_namespace(std::string_view message) {
+  constexpr std::string_view marker = "register the namespace ";
+  const auto pos = message.find(marker);
+  if (pos == std::string_view::npos) return {};
+  const auto rest = message.substr(pos + marker.size());
+  return std::string(rest.substr(0, rest.find_first_of("; \n")));
+}
+
+inline std::string first_line(std::string_view s) {
+  return std::string(trim(s.substr(0, s.find('\n'))));
+}
+
+//! Loads the libraries a model names in OP_LIBRARIES (relative paths against its
+//! directory), each once per process. Throws load_failed (missing, untrusted, or dlopen
+//! failed) or op_library_conflict (it registers an operator or namespace that is already
+//! registered), naming the model, the operator and both libraries.
+inline void load_op_libraries(const std::string& model,
+                              const std::filesystem::path& model_directory,
+                              const std::vector<std::string>& libraries) {
+  if (libraries.empty()) return;
+  auto& state = op_libraries();
+  std::lock_guard lock(state.mutex);
+  for (const auto& library : libraries) {
+    const std::string path = trusted_library_path(model, "OP_LIBRARIES", library,
+                                                  model_directory, errc::load_failed);
+    const auto fail = [&](errc code, const std::string& why) {
+      return error(code, model, concat("OP_LIBRARIES: '", path, "': ", why));
+    };
+    if (std::any_of(state.loaded.begin(), state.loaded.end(),
+                    [&](const op_library_record& r) { return r.path == path; })) {
+      continue;
+    }
+    std::string bytes;
+    if (!read_file_bytes(path, bytes)) throw fail(errc::load_failed, "cannot read it");
+    const std::uint64_t hash = fnv1a(bytes);
+    const bool same_as_loaded =
+        std::any_of(state.loaded.begin(), state.loaded.end(), [&](const op_library_record& r) {
+          std::string other;
+          return r.size == bytes.size() && r.hash == hash && read_file_bytes(r.path, other) &&
+                 other == bytes;
+        });
+    if (same_as_loaded) continue;  // a copy of a library already loaded
+
+    const auto owner_of = [&](std::string_view op, std::string_view ns) -> std::string {
+      for (const auto& r : state.loaded) {
+        for (const auto& o : r.ops) {
+          if ((!op.empty() && o == op) || (!ns.empty() && op_namespace(o) == ns)) {
+            return concat("op library '", r.path, "' (loaded for model '", r.model, "')");
+          }
+        }
+      }
+      return "code already in this process that torchloom did not load (linked in, or "
+             "loaded by other means)";
+    };
+    const auto ops_in = [&](std::string_view ns) {
+      std::string list;
+      for (const auto& op : registered_op_names()) {
+        if (op_namespace(op) == ns) list.append(list.empty() ? "" : ", ").append(op);
+      }
+      return list;
+    };
+
+    const auto probe = probe_op_library(path, std::chrono::seconds(120));
+    using outcome = op_library_probe::outcome;
+    switch (probe.result) {
+      case outcome::registered:
+        break;
+      case outcome::dlopen_failed:
+        throw fail(errc::load_failed, concat("dlopen failed: ", probe.message));
+      case outcome::crashed:
+        throw fail(errc::load_failed, probe.message);
+      case outcome::torch_refused: {
+        if (const auto op = refused_operator(probe.message); !op.empty()) {
+          throw fail(errc::op_library_conflict,
+                     concat("it registers operator ", op, ", which ",
+                            owner_of(op, op_namespace(op)), " already registers"));
+        }
+        if (const auto ns = refused_namespace(probe.message); !ns.empty()) {
+          throw fail(errc::op_library_conflict,
+                     concat("it registers namespace '", ns, "' (TORCH_LIBRARY), which ",
+                            owner_of({}, ns), " already registers (operators: ", ops_in(ns),
+                            ")"));
+        }
+        throw fail(errc::load_failed,
+                   concat("torch refused its registrations: ", first_line(probe.message)));
+      }
+    }
+    // torch allows a TORCH_LIBRARY_FRAGMENT to add to a namespace; two libraries sharing a
+    // namespace is still a conflict here: neither owns it.
+    const auto existing = registered_op_names();
+    for (const auto& op : probe.ops) {
+      const auto ns = op_namespace(op);
+      const bool taken = std::any_of(existing.begin(), existing.end(), [&](const auto& o) {
+        return op_namespace(o) == ns;
+      });
+      if (taken) {
+        throw fail(errc::op_library_conflict,
+                   concat("it registers operator ", op, " in namespace '", ns, "', which ",
+                          owner_of({}, ns), " already registers (operators: ", ops_in(ns),
+                          ")"));
+      }
+    }
+
+    void* handle = nullptr;
+    try {
+      handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+    } catch (const std::exception& e) {
+      throw fail(errc::load_failed, concat("loading it failed: ", first_line(e.what())));
+    }
+    if (handle == nullptr) {
+      const char* why = ::dlerror();
+      throw fail(errc::load_failed, concat("dlopen failed: ", why ? why : "unknown error"));
+    }
+    state.loaded.push_back(op_library_record{path, model, probe.ops, bytes.size(), hash, handle});
+  }
+}
+
+}  // namespace torchloom::detail

@@ -1,0 +1,63 @@
+#pragma once
+#include <torchloom/concepts/hook_policy.hpp>
+#include <torchloom/detail/device_current.hpp>
+#include <torchloom/detail/strings.hpp>
+#include <torchloom/error.hpp>
+
+#include <exception>
+#include <type_traits>
+#include <utility>
+
+namespace torchloom {
+
+//! What static_hook<T> needs of T:
+//!  - `T::init(const model_context&)` returns the hook's state (any movable type); it may
+//!    throw to fail the load;
+//!  - `T::fini(state) noexcept` releases it.
+template <class T>
+concept static_hook_target =
+    requires(const model_context& ctx) { T::init(ctx); } &&
+    std::is_move_constructible_v<decltype(T::init(std::declval<const model_context&>()))> &&
+    requires(decltype(T::init(std::declval<const model_context&>())) state) {
+      { T::fini(std::move(state)) } noexcept;
+    };
+
+//! A model-init hook linked into the program: no dlopen. T::init runs before the model loads,
+//! with the runner's CUDA device current; T::fini runs once, after the model is destroyed.
+//! An exception from T::init fails the load: a torchloom::error passes through as it is,
+//! anything else becomes hook_failed naming the model and the exception's message.
+template <class T>
+class static_hook {
+  static_assert(static_hook_target<T>,
+                "torchloom: static_hook<T> needs `static State T::init(const "
+                "torchloom::model_context&)` and `static void T::fini(State) noexcept`; see "
+                "torchloom/hook/static_hook.hpp");
+
+ public:
+  using state_type = decltype(T::init(std::declval<const model_context&>()));
+
+  explicit static_hook(const model_context& ctx) : state_(init(ctx)) {}
+  ~static_hook() { T::fini(std::move(state_)); }
+
+  static_hook(const static_hook&) = delete;
+  static_hook& operator=(const static_hook&) = delete;
+
+  //! The state T::init returned.
+  const state_type& state() const noexcept { return state_; }
+
+ private:
+  static state_type init(const model_context& ctx) {
+    const detail::device_current on_device(ctx.device);
+    try {
+      return T::init(ctx);
+    } catch (const error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw error(errc::hook_failed, ctx.name, detail::concat("static_hook init failed: ", e.what()));
+    }
+  }
+
+  [[no_unique_address]] state_type state_;
+};
+
+}  // namespace torchloom

@@ -1,0 +1,96 @@
+// The test op library: tl_test::lookup(Tensor keys, int layer) -> Tensor reads an embedding
+// table from a process-global registry that a model-init hook fills (tl_test_tables.c).
+//
+// TL_TEST_OPS_VARIANT builds the libraries that must be refused as conflicts:
+//   0  the library
+//   1  another TORCH_LIBRARY(tl_test): the namespace is taken
+//   2  a TORCH_LIBRARY_FRAGMENT(tl_test) defining lookup again: the operator is taken
+//   3  a TORCH_LIBRARY_FRAGMENT(tl_test) adding a new operator to a namespace that is taken
+#include "tl_test_tables.h"
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <cstdio>
+#include <map>
+#include <mutex>
+
+#ifndef TL_TEST_OPS_VARIANT
+#define TL_TEST_OPS_VARIANT 0
+#endif
+
+namespace {
+
+struct registry {
+  std::mutex mutex;
+  std::map<std::int32_t, at::Tensor> tables;
+  std::int64_t unregister_calls = 0;
+};
+
+registry& tables() {
+  static registry r;
+  return r;
+}
+
+[[maybe_unused]] at::Tensor lookup(const at::Tensor& keys, std::int64_t layer) {
+  at::Tensor table;
+  {
+    auto& r = tables();
+    std::lock_guard lock(r.mutex);
+    const auto it = r.tables.find(static_cast<std::int32_t>(layer));
+    TORCH_CHECK(it != r.tables.end(), "tl_test::lookup: no embedding table is registered for "
+                "layer ", layer, " (variant ", TL_TEST_OPS_VARIANT, "; the model-init hook "
+                "registers them from weights/*.bin)");
+    table = it->second;
+  }
+  TORCH_CHECK(keys.device() == table.device(), "tl_test::lookup: keys are on ", keys.device(),
+              ", the table for layer ", layer, " on ", table.device());
+  return at::embedding(table, keys);
+}
+
+[[maybe_unused]] at::Tensor other(const at::Tensor& x) { return x; }
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) int tl_test_register_table(
+    std::int32_t layer, const float* data, std::int64_t rows, std::int64_t cols,
+    int device_index, char* error, std::size_t error_size) {
+  try {
+    auto t = at::from_blob(const_cast<float*>(data), {rows, cols}, at::kFloat).clone();
+    if (device_index >= 0) t = t.to(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index)));
+    auto& r = tables();
+    std::lock_guard lock(r.mutex);
+    r.tables[layer] = t;
+    return 0;
+  } catch (const std::exception& e) {
+    std::snprintf(error, error_size, "registering table %d failed: %s", layer, e.what());
+    return 1;
+  }
+}
+
+extern "C" __attribute__((visibility("default"))) void tl_test_unregister_tables() {
+  auto& r = tables();
+  std::lock_guard lock(r.mutex);
+  r.tables.clear();
+  ++r.unregister_calls;
+}
+
+extern "C" __attribute__((visibility("default"))) std::int64_t tl_test_table_count() {
+  auto& r = tables();
+  std::lock_guard lock(r.mutex);
+  return static_cast<std::int64_t>(r.tables.size());
+}
+
+extern "C" __attribute__((visibility("default"))) std::int64_t tl_test_unregister_calls() {
+  auto& r = tables();
+  std::lock_guard lock(r.mutex);
+  return r.unregister_calls;
+}
+
+#if TL_TEST_OPS_VARIANT == 0 || TL_TEST_OPS_VARIANT == 1
+TORCH_LIBRARY(tl_test, m) { m.def("lookup(Tensor keys, int layer) -> Tensor", &lookup); }
+#elif TL_TEST_OPS_VARIANT == 2
+TORCH_LIBRARY_FRAGMENT(tl_test, m) { m.def("lookup(Tensor keys, int layer) -> Tensor", &lookup); }
+#else
+TORCH_LIBRARY_FRAGMENT(tl_test, m) { m.def("other(Tensor x) -> Tensor", &other); }
+#endif
