@@ -22,6 +22,18 @@ concept static_hook_target =
       { T::fini(std::move(state)) } noexcept;
     };
 
+namespace detail {
+// The state type, or a stand-in when T does not fit (the static_assert says why, alone).
+template <class T, bool = static_hook_target<T>>
+struct static_hook_state {
+  using type = decltype(T::init(std::declval<const model_context&>()));
+};
+template <class T>
+struct static_hook_state<T, false> {
+  using type = int;
+};
+}  // namespace detail
+
 //! A model-init hook linked into the program: no dlopen. T::init runs before the model loads,
 //! with the runner's CUDA device current; T::fini runs once, after the model is destroyed.
 //! An exception from T::init fails the load: a torchloom::error passes through as it is,
@@ -34,10 +46,12 @@ class static_hook {
                 "torchloom/hook/static_hook.hpp");
 
  public:
-  using state_type = decltype(T::init(std::declval<const model_context&>()));
+  using state_type = typename detail::static_hook_state<T>::type;
 
   explicit static_hook(const model_context& ctx) : state_(init(ctx)) {}
-  ~static_hook() { T::fini(std::move(state_)); }
+  ~static_hook() {
+    if constexpr (static_hook_target<T>) T::fini(std::move(state_));
+  }
 
   static_hook(const static_hook&) = delete;
   static_hook& operator=(const static_hook&) = delete;
@@ -49,7 +63,11 @@ class static_hook {
   static state_type init(const model_context& ctx) {
     const detail::device_current on_device(ctx.device);
     try {
-      return T::init(ctx);
+      if constexpr (static_hook_target<T>) {
+        return T::init(ctx);
+      } else {
+        return state_type{};
+      }
     } catch (const error&) {
       throw;
     } catch (const std::exception& e) {

@@ -445,6 +445,9 @@ TEST_CASE("dlopen_hook without MODEL_INIT_LIBRARY does nothing", "[hook]") {
 TEST_CASE("dlopen_hook on a CUDA device: init sees the device, the tables live there",
           "[hook][cuda]") {
   TORCHLOOM_REQUIRE_CUDA();
+  // CUDA first, so the op library's probe forks a process that has CUDA initialised (CTest
+  // runs each test case in a process of its own).
+  CHECK(torch::ones({1}, torch::Device(torch::kCUDA, 0)).sum().item<float>() == 1.0F);
   e2e_model model;
   hooked_runner r(torchloom::model_spec::from_directory(model.path()),
                   torch::Device(torch::kCUDA, 0));
