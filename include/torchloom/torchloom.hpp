@@ -6,6 +6,7 @@
 #include <torchloom/concepts/stream_policy.hpp>
 #include <torchloom/error.hpp>
 #include <torchloom/hook/no_hook.hpp>
+#include <torchloom/loader/aoti.hpp>
 #include <torchloom/loader/torchscript.hpp>
 #include <torchloom/model_runner.hpp>
 #include <torchloom/model_spec.hpp>
