@@ -8,8 +8,10 @@
 # Everything goes to $OUT/gpu-log.txt; stdout stays short (machine, step times, test summary,
 # failures) and ends with the report's Markdown table. $OUT receives: gpu-log.txt,
 # bm_<name>.json per benchmark, report.md and latency.png (when matplotlib is installed).
-# Exit status: 1 when configure, build, a test or a benchmark failed. A test failure does not
-# stop the benchmarks, so one call gives all there is to know.
+# The AOTInductor packages the tests and bm_aoti load are made by scripts/make_aoti_fixtures.py
+# into $BUILD/aoti_fixtures while the C++ builds.
+# Exit status: 1 when configure, build, the AOTI fixtures, a test or a benchmark failed. A test
+# failure does not stop the benchmarks, so one call gives all there is to know.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -99,17 +101,39 @@ else
 fi
 
 # ---------------------------------------------------------------------------------------
+# The AOTInductor packages the tests and bm_aoti load: compiled by torch in Python (about a
+# minute each), in the background while the C++ builds. Cached in $BUILD/aoti_fixtures.
+FIXTURES="$PWD/$BUILD/aoti_fixtures"
+export TORCHLOOM_AOTI_FIXTURES="$FIXTURES"
+step "aoti fixtures: started in the background ($FIXTURES)"
+fixtures_began=$SECONDS
+timeout 420 python3 scripts/make_aoti_fixtures.py "$FIXTURES" >"$SCRATCH/fixtures.txt" 2>&1 &
+fixtures_pid=$!
+
+# ---------------------------------------------------------------------------------------
 step "build (ninja -j$JOBS)"
 rc=0
 # -k 0: build all that can be built, so one call shows every compile error.
 run_logged "$SCRATCH/build.txt" ninja -C "$BUILD" -j"$JOBS" -k 0 || rc=$?
 if ((rc != 0)); then
+  kill "$fixtures_pid" 2>/dev/null || true
   say "build failed (status $rc); first errors:"
   grep -E -A6 'error:|FAILED:|undefined reference|ninja: build stopped' "$SCRATCH/build.txt" \
     | cut -c1-300 | show 7000 || true
   finish 1 "build FAILED"
 fi
 say "built $(grep -c '^\[' "$SCRATCH/build.txt" || true) steps"
+
+# ---------------------------------------------------------------------------------------
+fixtures_rc=0
+wait "$fixtures_pid" || fixtures_rc=$?
+cat "$SCRATCH/fixtures.txt" >>"$LOG"
+if ((fixtures_rc == 0)); then
+  say "aoti fixtures: ok (done $((SECONDS - fixtures_began))s after they started)"
+else
+  say "aoti fixtures: FAILED (status $fixtures_rc); the AOTI tests and benchmarks will skip:"
+  tail -n 12 "$SCRATCH/fixtures.txt" | cut -c1-240 | show 3000
+fi
 
 # ---------------------------------------------------------------------------------------
 step "test (ctest -j4)"
@@ -175,6 +199,10 @@ if ((bench_total == 0)); then say "no benchmarks found in $BUILD/bench"; fi
 # ---------------------------------------------------------------------------------------
 status=0
 verdict="build ok"
+if ((fixtures_rc != 0)); then
+  status=1
+  verdict+="; aoti fixtures FAILED"
+fi
 if ((test_rc != 0)); then
   status=1
   verdict+="; tests FAILED (ctest status $test_rc)"

@@ -9,6 +9,7 @@
 #include <torchloom/hook/no_hook.hpp>
 #include <torchloom/hook/static_hook.hpp>
 #include <torchloom/library_trust.hpp>
+#include <torchloom/loader/aoti.hpp>
 #include <torchloom/loader/torchscript.hpp>
 #include <torchloom/model_runner.hpp>
 #include <torchloom/model_spec.hpp>

@@ -16,6 +16,10 @@ static_assert(residency_policy_for<resident_weights, torchscript_loader>);
 static_assert(std::is_empty_v<no_hook>);
 static_assert(std::is_empty_v<caller_stream>);
 static_assert(std::is_empty_v<torchscript_loader>);
+#if TORCHLOOM_TORCH_VERSION >= 20600
+static_assert(loader<aoti_loader>);
+static_assert(std::is_empty_v<aoti_loader>);
+#endif
 
 // What the runner must hold whatever its policies: the core and the loaded model.
 struct minimal_runner_state {

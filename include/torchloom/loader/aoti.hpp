@@ -1,0 +1,323 @@
+#pragma once
+#include <torchloom/concepts/loader.hpp>
+#include <torchloom/detail/aoti_metadata.hpp>
+#include <torchloom/detail/config.hpp>
+#include <torchloom/detail/strings.hpp>
+#include <torchloom/detail/torch_error.hpp>
+#include <torchloom/error.hpp>
+#include <torchloom/signature.hpp>
+
+#include <ATen/core/ivalue.h>
+#include <c10/core/Device.h>
+
+#include <string_view>
+#include <vector>
+
+#if TORCHLOOM_TORCH_VERSION >= 20600
+#include <ATen/DynamicLibrary.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/StreamGuard.h>
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#if TORCHLOOM_HAS_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <array>
+#include <cstddef>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#endif
+
+namespace torchloom {
+
+#if TORCHLOOM_TORCH_VERSION >= 20600
+
+//! A loaded AOTInductor package and what it declares.
+struct aoti_model {
+  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> package;
+  input_signature inputs;  //!< count and names from the package, dtype/shape where declared
+  std::unordered_map<std::string, std::string> metadata;  //!< the package's metadata map
+};
+
+namespace detail {
+
+//! Refuses what would reach torch's package reader as something other than a zip archive:
+//! a missing path, a directory, an empty or foreign file. Throws model_not_found or
+//! load_failed naming the path.
+inline void check_package_file(const std::string& model, const std::filesystem::path& file) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(file, ec)) {
+    throw error(errc::model_not_found, model,
+                concat("AOTInductor package '", file.string(), "' does not exist"));
+  }
+  std::array<char, 4> magic{};
+  std::ifstream in(file, std::ios::binary);
+  in.read(magic.data(), static_cast<std::streamsize>(magic.size()));
+  if (!in || magic != std::array<char, 4>{'P', 'K', '\x03', '\x04'}) {
+    throw error(errc::load_failed, model,
+                concat("'", file.string(),
+                       "' is not an AOTInductor package (.pt2): it is not a zip archive"));
+  }
+}
+
+//! Constructs torch's package loader with the arguments this LibTorch takes: num_runners and
+//! device_index came after 2.6. Without device_index the package's device key ("cuda") means
+//! the current device, which the caller's device guard sets. A template so that the
+//! branches this LibTorch cannot compile are never instantiated.
+template <class PackageLoader>
+std::unique_ptr<PackageLoader> make_package_loader(const std::string& model,
+                                                   const std::string& file,
+                                                   const std::string& model_name,
+                                                   std::size_t num_runners, c10::Device device) {
+  const auto index = device.is_cuda() ? device.index() : c10::DeviceIndex{-1};
+  // false: run() may be called from several threads at once; torch's single-threaded mode
+  // takes no lock.
+  constexpr bool single_threaded = false;
+  using str = const std::string&;
+  if constexpr (std::is_constructible_v<PackageLoader, str, str, bool, std::size_t,
+                                        c10::DeviceIndex>) {
+    return std::make_unique<PackageLoader>(file, model_name, single_threaded, num_runners, index);
+  } else {
+    if (num_runners != 1) {
+      throw error(errc::unsupported, model,
+                  concat("AOTI_NUM_RUNNERS=", num_runners,
+                         " needs a LibTorch whose AOTIModelPackageLoader takes num_runners; "
+                         "this one (",
+                         TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR,
+                         ") runs one call at a time: leave it at 1"));
+    }
+    if constexpr (std::is_constructible_v<PackageLoader, str, str, bool>) {
+      return std::make_unique<PackageLoader>(file, model_name, single_threaded);
+    } else {
+      return std::make_unique<PackageLoader>(file, model_name);
+    }
+  }
+}
+
+//! The model container's inputs (count and names), which torch's runner keeps to itself:
+//! its container handle and model library are protected members. A pointer to member formed
+//! in a derived class reaches them without copying the runner's layout; the two entry points
+//! are part of every AOTInductor model library. nullopt where they cannot be read.
+struct container_inputs : torch::inductor::AOTIModelContainerRunner {
+  static std::optional<std::vector<std::string>> read(
+      torch::inductor::AOTIModelContainerRunner* runner) {
+    if (runner == nullptr) return std::nullopt;
+    const auto handle = runner->*(&container_inputs::container_handle_);
+    at::DynamicLibrary* library = (runner->*(&container_inputs::model_so_)).get();
+    if (handle == nullptr || library == nullptr) return std::nullopt;
+    try {
+      const auto count_fn = reinterpret_cast<decltype(&AOTInductorModelContainerGetNumInputs)>(
+          library->sym("AOTInductorModelContainerGetNumInputs"));
+      const auto name_fn = reinterpret_cast<decltype(&AOTInductorModelContainerGetInputName)>(
+          library->sym("AOTInductorModelContainerGetInputName"));
+      std::size_t count = 0;
+      if (count_fn(handle, &count) != 0) return std::nullopt;  // 0: AOTI_RUNTIME_SUCCESS
+      std::vector<std::string> names(count);
+      for (std::size_t i = 0; i < count; ++i) {
+        const char* n = nullptr;
+        if (name_fn(handle, i, &n) == 0 && n != nullptr) names[i] = n;
+      }
+      return names;
+    } catch (const std::exception&) {
+      return std::nullopt;  // a library without the symbol: fall back to the call spec
+    }
+  }
+};
+
+//! One lock for every package load in the process: some LibTorch versions parse a package's
+//! JSON files into a function-local static, which two loads at once would share.
+inline std::mutex& package_load_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+}  // namespace detail
+
+//! Loads an AOTInductor package (`.pt2`, made by `torch._inductor.aoti_compile_and_package`)
+//! with `torch::inductor::AOTIModelPackageLoader`, and runs it on the stream the stream
+//! policy chose. Options: AOTI_MODEL_NAME (the model inside the package, default "model"),
+//! AOTI_NUM_RUNNERS (how many run() calls may execute at once; more wait). The package must
+//! have been compiled for the runner's device type (cpu or cuda); a CUDA package runs on the
+//! runner's GPU index.
+//!
+//! Inputs are checked against what the package carries: their count (and names) from the
+//! model, the device from its device key, and dtypes and shapes when its metadata declares
+//! them under `torchloom.inputs` ("x:float32[-1,64];ids:int64[-1]"; set at compile time with
+//! `inductor_configs={"aot_inductor.metadata": {"torchloom.inputs": ...}}`); a config.pbtxt
+//! can declare them too. The package itself records no input dtypes: without either
+//! declaration only the count and the device are checked, and WARMUP_ITERATIONS cannot
+//! synthesise inputs. Needs LibTorch >= 2.6.
+struct aoti_loader {
+  using model_type = aoti_model;
+  static constexpr std::string_view default_filename = "model.pt2";
+
+  //! Throws model_not_found (no file), load_failed (not a zip archive; torch could not load
+  //! it, its message kept; a malformed declaration), unsupported (a package for another
+  //! device type; AOTI_NUM_RUNNERS > 1 where this LibTorch cannot).
+  model_type load(const load_context& ctx) const {
+    const std::string& name = ctx.spec.name;
+    const std::string file = ctx.file.string();
+    detail::check_package_file(name, ctx.file);
+    const auto& opts = ctx.spec.options;
+    model_type m;
+    std::vector<std::string> call_spec;
+    std::optional<std::vector<std::string>> container;
+    try {
+      const std::lock_guard lock(detail::package_load_mutex());
+      std::optional<c10::DeviceGuard> on_device;
+      if (ctx.device.is_cuda()) on_device.emplace(ctx.device);
+      m.package = detail::make_package_loader<torch::inductor::AOTIModelPackageLoader>(
+          name, file, opts.aoti_model_name, static_cast<std::size_t>(opts.aoti_num_runners),
+          ctx.device);
+      m.metadata = m.package->get_metadata();
+      call_spec = m.package->get_call_spec();
+      container = detail::container_inputs::read(m.package->get_runner());
+    } catch (const error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw error(errc::load_failed, name,
+                  detail::concat("cannot load AOTInductor package '", file, "' (model name '",
+                                 opts.aoti_model_name, "'): ", detail::torch_message(e)));
+    }
+    check_device(name, file, m.metadata, ctx.device);
+    m.inputs = declared_inputs(name, file, m.metadata, call_spec, container);
+    return m;
+  }
+
+  //! The inputs load() found.
+  input_signature signature(const model_type& m) const { return m.inputs; }
+
+  //! Runs on `rc.stream` of `rc.device`. One output comes back as a Tensor, several as a
+  //! tuple (run() flattens both).
+  c10::IValue run(model_type& m, std::vector<c10::IValue>&& inputs, const run_context& rc) const {
+    std::vector<at::Tensor> tensors;
+    tensors.reserve(inputs.size());
+    for (auto& v : inputs) tensors.push_back(std::move(v).toTensor());
+    std::vector<at::Tensor> out;
+    if (rc.device.is_cuda()) {
+#if TORCHLOOM_HAS_CUDA
+      // With a null handle AOTI would take the current stream of the *current* device.
+      const c10::DeviceGuard on_device(rc.device);
+      out = m.package->run(tensors, c10::cuda::CUDAStream(rc.stream).stream());
+#else
+      // No CUDA headers here: make the chosen stream (and its device) current, which AOTI
+      // takes when given no handle.
+      const c10::StreamGuard on_stream(rc.stream);
+      out = m.package->run(tensors, nullptr);
+#endif
+    } else {
+      out = m.package->run(tensors, nullptr);
+    }
+    if (out.size() == 1) return c10::IValue(std::move(out.front()));
+    std::vector<c10::IValue> elements;
+    elements.reserve(out.size());
+    for (auto& t : out) elements.emplace_back(std::move(t));
+    return c10::ivalue::Tuple::create(std::move(elements));
+  }
+
+ private:
+  static void check_device(const std::string& name, const std::string& file,
+                           const std::unordered_map<std::string, std::string>& metadata,
+                           c10::Device device) {
+    const auto key = metadata.find("AOTI_DEVICE_KEY");
+    if (key == metadata.end()) return;  // torch refuses such a package before this
+    const bool cuda_package = key->second == "cuda";
+    if (key->second != "cpu" && !cuda_package) {
+      throw error(errc::unsupported, name,
+                  detail::concat("AOTInductor package '", file, "' was compiled for '", key->second,
+                                 "'; torchloom runs cpu and cuda packages"));
+    }
+    if (cuda_package != device.is_cuda()) {
+      throw error(errc::unsupported, name,
+                  detail::concat("AOTInductor package '", file, "' was compiled for ", key->second,
+                                 " but the runner is on ", device,
+                                 "; compile it for that device or load it on ",
+                                 cuda_package ? "cuda:N" : "cpu"));
+    }
+  }
+
+  // Count and names from the model container (the count from the call spec's input tree
+  // when the container cannot be read); the `torchloom.inputs` metadata entry, if any, must
+  // agree on the count and adds names, dtypes and shapes.
+  static input_signature declared_inputs(
+      const std::string& name, const std::string& file,
+      const std::unordered_map<std::string, std::string>& metadata,
+      const std::vector<std::string>& call_spec,
+      const std::optional<std::vector<std::string>>& container) {
+    input_signature sig;
+    if (container) {
+      sig.resize(container->size());
+      for (std::size_t i = 0; i < sig.size(); ++i) sig[i].name = (*container)[i];
+    } else {
+      const auto leaves =
+          call_spec.empty() ? std::nullopt : detail::count_pytree_leaves(call_spec.front());
+      if (!leaves) {
+        throw error(errc::load_failed, name,
+                    detail::concat("AOTInductor package '", file,
+                                   "': cannot tell how many inputs it takes (no readable call "
+                                   "spec)"));
+      }
+      sig.resize(*leaves);
+    }
+    const auto entry = metadata.find(std::string(detail::aoti_inputs_key));
+    if (entry == metadata.end()) return sig;
+    input_signature declared;
+    try {
+      declared = detail::parse_declared_inputs(entry->second);
+    } catch (const std::invalid_argument& e) {
+      throw error(errc::load_failed, name,
+                  detail::concat("AOTInductor package '", file, "': its '", detail::aoti_inputs_key,
+                                 "' metadata is malformed: ", e.what()));
+    }
+    if (declared.size() != sig.size()) {
+      throw error(
+          errc::load_failed, name,
+          detail::concat("AOTInductor package '", file, "' takes ", sig.size(), " inputs but its '",
+                         detail::aoti_inputs_key, "' metadata declares ", declared.size()));
+    }
+    return declared;  // its names too: they are the ones the package's author chose
+  }
+};
+
+static_assert(loader<aoti_loader>);
+
+#else
+
+namespace detail {
+#define TORCHLOOM_AOTI_STR_(x) #x
+#define TORCHLOOM_AOTI_STR(x) TORCHLOOM_AOTI_STR_(x)
+//! Stands for aoti_loader below LibTorch 2.6: any use that needs the type complete (a
+//! model_runner of it, constructing one) stops with the reason; the header itself compiles.
+template <class T = void>
+struct aoti_loader_unavailable {
+  static_assert(dependent_false<T>,
+                "torchloom: aoti_loader needs LibTorch >= 2.6 (this build has "
+                TORCHLOOM_AOTI_STR(TORCH_VERSION_MAJOR) "." TORCHLOOM_AOTI_STR(TORCH_VERSION_MINOR)
+                "); use torchscript_loader or build against a newer LibTorch");
+  // The loader's shape, so that this assertion is the only error a runner of it reports.
+  struct model_type {};
+  static constexpr std::string_view default_filename = "model.pt2";
+  model_type load(const load_context&) const;
+  input_signature signature(const model_type&) const;
+  c10::IValue run(model_type&, std::vector<c10::IValue>&&, const run_context&) const;
+};
+#undef TORCHLOOM_AOTI_STR
+#undef TORCHLOOM_AOTI_STR_
+}  // namespace detail
+
+//! The AOTInductor loader; this build's LibTorch is older than 2.6, which it needs.
+using aoti_loader = detail::aoti_loader_unavailable<>;
+
+#endif
+
+}  // namespace torchloom

@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Builds the AOTInductor packages that torchloom's C++ tests and benchmarks load.
+
+    python3 scripts/make_aoti_fixtures.py OUTDIR
+
+Needs PyTorch >= 2.6 (torch.export and torch._inductor.aoti_compile_and_package) and a C++
+compiler; the CUDA packages need a GPU and are left out without one (the C++ cases that need
+them skip). All packages are built in this one process.
+
+For each fixture NAME it writes, in Triton's model-repository layout:
+  OUTDIR/NAME/1/model.pt2      the package;
+  OUTDIR/NAME/config.pbtxt     where the fixture declares its inputs there (mlp_cpu);
+  OUTDIR/NAME/reference.pt     the inputs the model was run on and its outputs in eager
+                               PyTorch: a TorchScript module whose buffers are in0, in1, ...
+                               and out0, out1, ... (CPU tensors), so C++ reads them with
+                               torch::jit::load and named_buffers(), without Python.
+
+The other fixtures declare their inputs inside the package: the metadata entry
+"torchloom.inputs" ("x:float32[-1,64];ids:int64[-1,4]"; -1 is a dynamic dimension), set at
+compile time through inductor_configs={"aot_inductor.metadata": {...}}. torchloom's
+aoti_loader reads it back; declared_inputs() below is how to make it for any exported program.
+
+Cached: OUTDIR/.stamp holds a hash of this file, the torch version and whether CUDA is
+available; when it matches, nothing is rebuilt.
+"""
+
+import hashlib
+import os
+import shutil
+import sys
+import time
+
+import torch
+from torch import nn
+
+FIXTURES = ("mlp_cpu", "mlp_cuda", "two_inputs_cuda")
+FEATURES = 64  # the MLPs' input width (the C++ tests use it)
+
+
+class Mlp(nn.Module):
+    """Two layers: [batch, 64] -> [batch, 16]."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(FEATURES, 128)
+        self.fc2 = nn.Linear(128, 16)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class TwoInputs(nn.Module):
+    """Inputs of two dtypes: x float32 [batch, 16], ids int64 [batch, 4] -> [batch, 16]."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+        self.table = nn.Embedding(100, 16)
+
+    def forward(self, x, ids):
+        return self.proj(x) + self.table(ids).sum(1)
+
+
+class _Tensors(nn.Module):
+    """Holds tensors as buffers, so that TorchScript saves them for C++ to read."""
+
+    def __init__(self, tensors):
+        super().__init__()
+        for name, t in tensors.items():
+            self.register_buffer(name, t)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def declared_inputs(ep):
+    """The "torchloom.inputs" metadata value for an exported program: each user input's
+    name, dtype and shape, -1 where the dimension is dynamic."""
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    entries = []
+    for name in ep.graph_signature.user_inputs:
+        val = placeholders[name].meta["val"]
+        dims = ",".join(str(d) if isinstance(d, int) else "-1" for d in val.shape)
+        dtype = str(val.dtype).removeprefix("torch.")
+        entries.append(f"{name}:{dtype}[{dims}]")
+    return ";".join(entries)
+
+
+def build(outdir, name, model, sample, reference_inputs, dynamic_shapes, device,
+          declare_in_metadata, config=None):
+    """Exports `model` on `sample`, compiles and packages it as OUTDIR/NAME/1/model.pt2, and
+    saves the reference next to it."""
+    started = time.time()
+    model = model.to(device).eval()
+    sample = tuple(t.to(device) for t in sample)
+    reference_inputs = tuple(t.to(device) for t in reference_inputs)
+    ep = torch.export.export(model, sample, dynamic_shapes=dynamic_shapes)
+    # A fresh dict per package: some torch versions write the device key into the metadata
+    # dict they are given.
+    metadata = {"torchloom.inputs": declared_inputs(ep)} if declare_in_metadata else {}
+    directory = os.path.join(outdir, name)
+    os.makedirs(os.path.join(directory, "1"), exist_ok=True)
+    package = os.path.join(directory, "1", "model.pt2")
+    torch._inductor.aoti_compile_and_package(
+        ep, package_path=package, inductor_configs={"aot_inductor.metadata": metadata})
+    with torch.no_grad():
+        outputs = model(*reference_inputs)
+    if isinstance(outputs, torch.Tensor):
+        outputs = (outputs,)
+    tensors = {f"in{i}": t.detach().cpu() for i, t in enumerate(reference_inputs)}
+    tensors.update({f"out{i}": t.detach().cpu() for i, t in enumerate(outputs)})
+    torch.jit.script(_Tensors(tensors)).save(os.path.join(directory, "reference.pt"))
+    if config:
+        with open(os.path.join(directory, "config.pbtxt"), "w", encoding="utf-8") as f:
+            f.write(config)
+    print(f"make_aoti_fixtures: {name} ({device}) in {time.time() - started:.0f}s"
+          + (f"; torchloom.inputs = {metadata['torchloom.inputs']}" if metadata else ""),
+          flush=True)
+
+
+def stamp():
+    h = hashlib.sha256()
+    with open(os.path.abspath(__file__), "rb") as f:
+        h.update(f.read())
+    h.update(f"torch {torch.__version__} cuda {torch.version.cuda} "
+             f"available {torch.cuda.is_available()}".encode())
+    return h.hexdigest()
+
+
+def main(argv):
+    if len(argv) != 1:
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return 2
+    outdir = os.path.abspath(argv[0])
+    stamp_file = os.path.join(outdir, ".stamp")
+    want = stamp()
+    if os.path.exists(stamp_file):
+        with open(stamp_file, encoding="utf-8") as f:
+            if f.read().strip() == want:
+                print(f"make_aoti_fixtures: {outdir} is up to date")
+                return 0
+    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    if version < (2, 6):
+        print(f"make_aoti_fixtures: torch {torch.__version__} is too old (needs 2.6)",
+              file=sys.stderr)
+        return 1
+    os.makedirs(outdir, exist_ok=True)
+    if os.path.exists(stamp_file):
+        os.remove(stamp_file)
+    for name in FIXTURES:  # only what this script makes
+        shutil.rmtree(os.path.join(outdir, name), ignore_errors=True)
+
+    torch.manual_seed(0)
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    build(outdir, "mlp_cpu", Mlp(), (torch.randn(8, FEATURES),), (torch.randn(5, FEATURES),),
+          {"x": {0: batch}}, "cpu", declare_in_metadata=False,
+          config='name: "mlp_cpu"\nmax_batch_size: 4096\n'
+                 f'input [ {{ name: "x" data_type: TYPE_FP32 dims: [ {FEATURES} ] }} ]\n')
+    if torch.cuda.is_available():
+        build(outdir, "mlp_cuda", Mlp(), (torch.randn(8, FEATURES),),
+              (torch.randn(5, FEATURES),), {"x": {0: batch}}, "cuda", declare_in_metadata=True)
+        build(outdir, "two_inputs_cuda", TwoInputs(),
+              (torch.randn(8, 16), torch.randint(0, 100, (8, 4))),
+              (torch.randn(5, 16), torch.randint(0, 100, (5, 4))),
+              {"x": {0: batch}, "ids": {0: batch}}, "cuda", declare_in_metadata=True)
+    else:
+        print("make_aoti_fixtures: no CUDA device: the CUDA packages are left out")
+    with open(stamp_file, "w", encoding="utf-8") as f:
+        f.write(want + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,346 @@
+// The runner with the AOTInductor loader: outputs against the Python reference, inputs
+// checked from what the package declares, concurrent run(), every stream policy, and files
+// that are not packages. Needs LibTorch >= 2.6; with an older one this file compiles to
+// nothing. The packages come from scripts/make_aoti_fixtures.py (TORCHLOOM_AOTI_FIXTURES or
+// the build tree's aoti_fixtures/); without them the cases that need one are skipped.
+#include <torchloom/detail/config.hpp>
+
+#if TORCHLOOM_TORCH_VERSION >= 20600
+
+#include "../../support/fixtures.hpp"
+
+#include <torchloom/torchloom.hpp>
+
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+using torchloom::errc;
+using torchloom::model_spec;
+using torchloom_test::temp_dir;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+template <class Stream = torchloom::caller_stream>
+using runner = torchloom::model_runner<torchloom::aoti_loader, torchloom::no_hook, Stream>;
+
+fs::path fixture_root() {
+  if (const char* env = std::getenv("TORCHLOOM_AOTI_FIXTURES"); env != nullptr && *env != 0) {
+    return env;
+  }
+  return TORCHLOOM_AOTI_FIXTURE_DIR;
+}
+
+// The Triton-layout directory of fixture `name`, when the fixture script made it.
+std::optional<fs::path> fixture(const std::string& name) {
+  const fs::path dir = fixture_root() / name;
+  std::error_code ec;
+  if (!fs::is_regular_file(dir / "1" / "model.pt2", ec)) return std::nullopt;
+  return dir;
+}
+
+// What the fixture script saved next to each package: the inputs it ran the model on and
+// the model's outputs in Python (buffers in0, in1, ... and out0, out1, ... of a TorchScript
+// module, readable without Python).
+struct reference {
+  std::vector<c10::IValue> inputs;
+  std::vector<at::Tensor> outputs;
+};
+
+reference read_reference(const fs::path& dir) {
+  const auto holder = torch::jit::load((dir / "reference.pt").string());
+  reference ref;
+  for (const auto& b : holder.named_buffers()) {
+    if (b.name.rfind("in", 0) == 0) ref.inputs.emplace_back(b.value);
+    if (b.name.rfind("out", 0) == 0) ref.outputs.push_back(b.value);
+  }
+  return ref;
+}
+
+std::vector<c10::IValue> on(const std::vector<c10::IValue>& inputs, c10::Device device) {
+  std::vector<c10::IValue> out;
+  for (const auto& v : inputs) out.emplace_back(v.toTensor().to(device));
+  return out;
+}
+
+bool matches(const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& want) {
+  if (got.size() != want.size()) return false;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (!torch::allclose(got[i].cpu(), want[i].cpu(), 1e-4, 1e-4)) return false;
+  }
+  return true;
+}
+
+c10::Stream current_cuda_stream() {
+  const c10::Device d(c10::kCUDA, 0);
+  return c10::impl::getDeviceGuardImpl(d.type())->getStream(d);
+}
+
+c10::Stream pool_cuda_stream() {
+  const c10::Device d(c10::kCUDA, 0);
+  return c10::impl::getDeviceGuardImpl(d.type())->getStreamFromGlobalPool(d);
+}
+
+}  // namespace
+
+// First statement of a test case that needs fixture `name`: binds `var` to its directory, or
+// skips the case saying how to make the fixtures.
+#define TORCHLOOM_REQUIRE_AOTI_FIXTURE(var, name)                                   \
+  const auto var##_found = fixture(name);                                           \
+  if (!var##_found) {                                                               \
+    TORCHLOOM_CATCH_SKIP(                                                           \
+        "no AOTI fixture '" name "' in " + fixture_root().string() +                \
+        "; run scripts/make_aoti_fixtures.py DIR and set TORCHLOOM_AOTI_FIXTURES"); \
+  }                                                                                 \
+  const fs::path var = *var##_found
+
+// ---------------------------------------------------------------------------------------
+// No fixture needed.
+
+TEST_CASE("AOTI: a version directory without model.pt2 is model_not_found naming the path",
+          "[aoti]") {
+  temp_dir t;
+  fs::create_directories(t / "m" / "1");
+  CHECK_TORCHLOOM_ERROR(runner<>(model_spec::from_directory(t / "m")), errc::model_not_found,
+                        "model 'm'", (t / "m" / "1" / "model.pt2").string(), "does not exist");
+}
+
+TEST_CASE("AOTI: a file that is not a zip archive is load_failed before torch reads it", "[aoti]") {
+  temp_dir t;
+  torchloom_test::write_file(t / "m" / "1" / "model.pt2", "this is not a package");
+  CHECK_TORCHLOOM_ERROR(runner<>(model_spec::from_directory(t / "m")), errc::load_failed,
+                        (t / "m" / "1" / "model.pt2").string(), "not a zip archive");
+  torchloom_test::write_file(t / "empty.pt2", "");
+  CHECK_TORCHLOOM_ERROR(runner<>(model_spec::from_file(t / "empty.pt2")), errc::load_failed,
+                        "empty.pt2", "not a zip archive");
+}
+
+TEST_CASE("AOTI: a corrupt zip archive is load_failed with torch's message and the path",
+          "[aoti]") {
+  temp_dir t;
+  std::ofstream(t / "broken.pt2", std::ios::binary)
+      << std::string("PK\x03\x04", 4) << std::string(200, 'x');
+  CHECK_TORCHLOOM_ERROR(runner<>(model_spec::from_file(t / "broken.pt2")), errc::load_failed,
+                        "model 'broken'", "cannot load AOTInductor package",
+                        (t / "broken.pt2").string());
+}
+
+// ---------------------------------------------------------------------------------------
+// The CPU package (its config.pbtxt declares the input's dtype and shape).
+
+TEST_CASE("AOTI: the CPU package's outputs equal the Python reference", "[aoti]") {
+  TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "mlp_cpu");
+  const reference ref = read_reference(dir);
+  runner<> r(model_spec::from_directory(dir));
+  REQUIRE(r.inputs().size() == 1);
+  CHECK(r.inputs()[0].name == "x");
+  CHECK(r.inputs()[0].dtype == c10::ScalarType::Float);
+  CHECK(r.inputs()[0].shape == std::vector<std::int64_t>{-1, 64});
+  const auto out = r.run(ref.inputs);
+  CHECK(matches(out, ref.outputs));
+  // A single .pt2 file works as well as the Triton layout.
+  runner<> from_file(model_spec::from_file(dir / "1" / "model.pt2"));
+  CHECK(matches(from_file.run(ref.inputs), ref.outputs));
+}
+
+TEST_CASE("AOTI: wrong count, dtype or shape is bad_input naming the input; nothing runs",
+          "[aoti]") {
+  TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "mlp_cpu");
+  const reference ref = read_reference(dir);
+  runner<> r(model_spec::from_directory(dir));
+  const auto x = ref.inputs.front().toTensor();
+  CHECK_TORCHLOOM_ERROR(r.run({}), errc::bad_input, "model 'mlp_cpu'", "expected 1 input (x)",
+                        "got 0");
+  CHECK_TORCHLOOM_ERROR(r.run({x, x}), errc::bad_input, "got 2");
+  CHECK_TORCHLOOM_ERROR(r.run({x.to(torch::kFloat64)}), errc::bad_input, "input 0 ('x')",
+                        "must be float32", "float64");
+  CHECK_TORCHLOOM_ERROR(r.run({torch::rand({2, 63})}), errc::bad_input, "input 0 ('x')",
+                        "shape [-1, 64]");
+  CHECK(matches(r.run(ref.inputs), ref.outputs));  // still usable
+}
+
+TEST_CASE("AOTI: WARMUP_ITERATIONS synthesises inputs from the declared specs", "[aoti]") {
+  TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "mlp_cpu");
+  const reference ref = read_reference(dir);
+  runner<> r(model_spec::from_directory(dir).set("WARMUP_ITERATIONS", "3"));
+  CHECK(matches(r.run(ref.inputs), ref.outputs));
+}
+
+TEST_CASE("AOTI: concurrent run() from 8 threads with AOTI_NUM_RUNNERS=4 (CPU)",
+          "[aoti][concurrency]") {
+  TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "mlp_cpu");
+  const reference ref = read_reference(dir);
+  runner<> r(model_spec::from_directory(dir).set("AOTI_NUM_RUNNERS", "4"));
+  REQUIRE(matches(r.run(ref.inputs), ref.outputs));
+  // Expected outputs come from the runner alone, one call at a time.
+  std::vector<at::Tensor> xs;
+  std::vector<at::Tensor> expected;
+  for (int i = 0; i < 8; ++i) {
+    xs.push_back(torch::randn({1 + i, 64}));
+    expected.push_back(r.run({xs.back()}).front());
+  }
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 50; ++i) {
+        const int k = (t + i) % 8;
+        if (!matches(r.run({xs[k]}), {expected[k]})) ++wrong;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(wrong == 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// CUDA packages (their metadata declares the inputs).
+
+TEST_CASE("AOTI CUDA: outputs equal the Python reference; CPU inputs are moved", "[aoti][cuda]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "mlp_cuda");
+  const reference ref = read_reference(dir);
+  runner<> r(model_spec::from_directory(dir), c10::Device("cuda:0"));
+  REQUIRE(r.inputs().size() == 1);
+  CHECK(r.inputs()[0].name == "x");
+  CHECK(r.inputs()[0].dtype == c10::ScalarType::Float);
+  CHECK(r.inputs()[0].shape == std::vector<std::int64_t>{-1, 64});
+  const auto out = r.run(on(ref.inputs, c10::Device("cuda:0")));
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].device() == c10::Device("cuda:0"));
+  CHECK(matches(out, ref.outputs));
+  CHECK(matches(r.run(ref.inputs), ref.outputs));  // CPU inputs
+}
+
+TEST_CASE("AOTI CUDA: two inputs of different dtypes; wrong dtype or count is bad_input",
+          "[aoti][cuda]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "two_inputs_cuda");
+  const reference ref = read_reference(dir);
+  REQUIRE(ref.inputs.size() == 2);
+  runner<> r(model_spec::from_directory(dir).set("WARMUP_ITERATIONS", "2"), c10::Device("cuda:0"));
+  REQUIRE(r.inputs().size() == 2);
+  CHECK(r.inputs()[0].name == "x");
+  CHECK(r.inputs()[1].name == "ids");
+  CHECK(r.inputs()[0].dtype == c10::ScalarType::Float);
+  CHECK(r.inputs()[1].dtype == c10::ScalarType::Long);
+  const auto inputs = on(ref.inputs, c10::Device("cuda:0"));
+  CHECK(matches(r.run(inputs), ref.outputs));
+  const auto x = inputs[0].toTensor();
+  const auto ids = inputs[1].toTensor();
+  CHECK_TORCHLOOM_ERROR(r.run({x, ids.to(torch::kInt32)}), errc::bad_input, "input 1 ('ids')",
+                        "must be int64", "int32");
+  CHECK_TORCHLOOM_ERROR(r.run({ids, x}), errc::bad_input, "input 0 ('x')", "must be float32");
+  CHECK_TORCHLOOM_ERROR(r.run({x}), errc::bad_input, "expected 2 inputs (x, ids)", "got 1");
+  CHECK(matches(r.run(inputs), ref.outputs));
+}
+
+TEST_CASE(
+    "AOTI CUDA: an input on another device is bad_input; a package for another device "
+    "type is unsupported",
+    "[aoti][cuda]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  TORCHLOOM_REQUIRE_AOTI_FIXTURE(cpu_dir, "mlp_cpu");
+  TORCHLOOM_REQUIRE_AOTI_FIXTURE(cuda_dir, "mlp_cuda");
+  const reference ref = read_reference(cpu_dir);
+  runner<> cpu(model_spec::from_directory(cpu_dir));
+  CHECK_TORCHLOOM_ERROR(cpu.run(on(ref.inputs, c10::Device("cuda:0"))), errc::bad_input,
+                        "input 0 ('x') is on cuda:0", "runner is on cpu");
+  CHECK_TORCHLOOM_ERROR(runner<>(model_spec::from_directory(cuda_dir)), errc::unsupported,
+                        "compiled for cuda", "runner is on cpu");
+  CHECK_TORCHLOOM_ERROR(runner<>(model_spec::from_directory(cpu_dir), c10::Device("cuda:0")),
+                        errc::unsupported, "compiled for cpu", "runner is on cuda:0");
+}
+
+TEST_CASE("AOTI CUDA: concurrent run() from 8 threads with AOTI_NUM_RUNNERS=4",
+          "[aoti][cuda][concurrency]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "mlp_cuda");
+  const reference ref = read_reference(dir);
+  runner<torchloom::pool_stream> r(model_spec::from_directory(dir).set("AOTI_NUM_RUNNERS", "4"),
+                                   c10::Device("cuda:0"));
+  REQUIRE(matches(r.run(ref.inputs), ref.outputs));
+  std::vector<at::Tensor> xs;
+  std::vector<at::Tensor> expected;
+  for (int i = 0; i < 8; ++i) {
+    xs.push_back(torch::randn({1 + 3 * i, 64}, torch::kCUDA));
+    expected.push_back(r.run({xs.back()}).front().cpu());
+  }
+  torch::cuda::synchronize();  // the threads' streams read xs
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      // Each thread calls from its own stream, as a server's request threads would.
+      c10::StreamGuard guard(pool_cuda_stream());
+      for (int i = 0; i < 50; ++i) {
+        const int k = (t + i) % 8;
+        if (!matches(r.run({xs[k]}), {expected[k]})) ++wrong;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(wrong == 0);
+}
+
+// The caller works on a side stream and writes each input after a long kernel: a runner
+// that launched on another stream without waiting for the caller's, or that ignored the
+// stream the policy chose, would read the input before it is written, or return outputs
+// the caller reads before they are written.
+template <class Stream>
+void check_stream_ordering(const fs::path& dir, model_spec spec) {
+  runner<Stream> r(std::move(spec), c10::Device("cuda:0"));
+  const reference ref = read_reference(dir);
+  REQUIRE(matches(r.run(ref.inputs), ref.outputs));
+  std::vector<at::Tensor> xs;
+  std::vector<at::Tensor> expected;
+  for (int i = 0; i < 4; ++i) {
+    xs.push_back(torch::randn({256, 64}, torch::kCUDA));
+    expected.push_back(r.run({xs.back()}).front());
+  }
+  torch::cuda::synchronize();  // the side stream below reads them
+  const c10::Stream side = pool_cuda_stream();
+  c10::StreamGuard guard(side);
+  const auto slow = torch::rand({2048, 2048}, torch::kCUDA);
+  int wrong = 0;
+  for (int i = 0; i < 200; ++i) {
+    const auto busy = at::matmul(slow, slow);
+    const auto x = xs[i % 4] + busy.narrow(0, 0, 256).narrow(1, 0, 64) * 0;
+    const auto out = r.run({x}).front();
+    // Compared on the caller's (side) stream, with no synchronisation in between.
+    if (!at::allclose(out, expected[i % 4], 1e-4, 1e-4)) ++wrong;
+  }
+  CHECK(current_cuda_stream() == side);
+  CHECK(wrong == 0);
+}
+
+TEMPLATE_TEST_CASE("AOTI CUDA: every stream policy orders the run after the caller's work",
+                   "[aoti][cuda][stream]", torchloom::caller_stream, torchloom::pool_stream,
+                   torchloom::adaptive_stream) {
+  TORCHLOOM_REQUIRE_CUDA();
+  TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "mlp_cuda");
+  check_stream_ordering<TestType>(dir, model_spec::from_directory(dir));
+}
+
+#if TORCHLOOM_HAS_CUDA
+TEST_CASE("AOTI CUDA: green_context_stream orders the run after the caller's work",
+          "[aoti][cuda][stream]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "mlp_cuda");
+  check_stream_ordering<torchloom::green_context_stream>(
+      dir, model_spec::from_directory(dir).set("GREEN_CONTEXT_SM_COUNT", "16"));
+}
+#endif
+
+#endif  // TORCHLOOM_TORCH_VERSION >= 20600
