@@ -230,8 +230,10 @@ double time_call_us(Fn&& call) {
 void bm_paired_aoti(benchmark::State& state, std::int64_t device_arg, std::int64_t batch) {
   const c10::Device device = device_for(device_arg);
   if (cannot_run(state, device)) return;
-  package_loader& p = raw_package(device);
   runner_type& r = runner(device);
+  // The raw calls go to the runner's own loaded package, so both sides run the same code
+  // and constants (two loads of one package differ in where they land).
+  package_loader& p = *r.model().package;
   const auto tensors = make_tensors(device, batch);
   const auto inputs = as_ivalues(tensors);
   const auto raw_once = [&] {

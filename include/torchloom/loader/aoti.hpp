@@ -22,6 +22,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <exception>
@@ -185,9 +186,19 @@ struct aoti_loader {
     } catch (const error&) {
       throw;
     } catch (const std::exception& e) {
+      const std::string why = detail::torch_message(e);
+      // torch checks the device type itself, before the metadata can be read (torch 2.11:
+      // "Incorrect device passed to aoti_runner_cpu").
+      constexpr std::string_view wrong_device = "Incorrect device passed to aoti_runner_";
+      if (const auto pos = why.find(wrong_device); pos != std::string::npos) {
+        const std::string kind = why.substr(pos + wrong_device.size(),
+                                            why.find_first_of(" \n.", pos + wrong_device.size()) -
+                                                (pos + wrong_device.size()));
+        check_device(name, file, {{"AOTI_DEVICE_KEY", kind}}, ctx.device);
+      }
       throw error(errc::load_failed, name,
                   detail::concat("cannot load AOTInductor package '", file, "' (model name '",
-                                 opts.aoti_model_name, "'): ", detail::torch_message(e)));
+                                 opts.aoti_model_name, "'): ", why));
     }
     check_device(name, file, m.metadata, ctx.device);
     m.inputs = declared_inputs(name, file, m.metadata, call_spec, container);
@@ -226,6 +237,17 @@ struct aoti_loader {
   }
 
  private:
+  // "arg<N>_<M>": a flattened graph input's name after torch's tracing.
+  static bool is_generated_name(std::string_view n) {
+    if (n.substr(0, 3) != "arg") return false;
+    const auto underscore = n.find('_', 3);
+    const auto digits = [](std::string_view d) {
+      return !d.empty() && std::all_of(d.begin(), d.end(), [](char c) { return c >= '0' && c <= '9'; });
+    };
+    return underscore != std::string_view::npos && digits(n.substr(3, underscore - 3)) &&
+           digits(n.substr(underscore + 1));
+  }
+
   static void check_device(const std::string& name, const std::string& file,
                            const std::unordered_map<std::string, std::string>& metadata,
                            c10::Device device) {
@@ -257,7 +279,11 @@ struct aoti_loader {
     input_signature sig;
     if (container) {
       sig.resize(container->size());
-      for (std::size_t i = 0; i < sig.size(); ++i) sig[i].name = (*container)[i];
+      for (std::size_t i = 0; i < sig.size(); ++i) {
+        // Names torch made up (arg4_1) say nothing to a user: a config.pbtxt name, if any,
+        // takes their place, else errors give the position alone.
+        if (!is_generated_name((*container)[i])) sig[i].name = (*container)[i];
+      }
     } else {
       const auto leaves =
           call_spec.empty() ? std::nullopt : detail::count_pytree_leaves(call_spec.front());
