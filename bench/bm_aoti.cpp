@@ -10,6 +10,7 @@
 #include <torchloom/torchloom.hpp>
 
 #include <benchmark/benchmark.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <cstdio>
 
@@ -227,7 +228,10 @@ double time_call_us(Fn&& call) {
 
 // T1, paired: raw and runner calls alternate in one loop (which goes first swaps every
 // iteration), each timed on its own; the counters are per-call medians and p99s.
-void bm_paired_aoti(benchmark::State& state, std::int64_t device_arg, std::int64_t batch) {
+// With `loader_only`, the second arm is the loader's run() alone (what the loader adds: the
+// IValue conversions), not the runner: a diagnostic that splits the runner's overhead.
+void bm_paired_aoti(benchmark::State& state, std::int64_t device_arg, std::int64_t batch,
+                    bool loader_only) {
   const c10::Device device = device_for(device_arg);
   if (cannot_run(state, device)) return;
   runner_type& r = runner(device);
@@ -241,10 +245,23 @@ void bm_paired_aoti(benchmark::State& state, std::int64_t device_arg, std::int64
     sync(device);
     benchmark::DoNotOptimize(out);
   };
+  const torchloom::aoti_loader loader;
+  auto& model = const_cast<torchloom::aoti_model&>(r.model());
+  const c10::Stream stream = device.is_cuda()
+                                 ? c10::impl::getDeviceGuardImpl(device.type())->getStream(device)
+                                 : c10::Stream(c10::Stream::DEFAULT, device);
   const auto runner_once = [&] {
-    auto out = r.run(inputs);
-    sync(device);
-    benchmark::DoNotOptimize(out);
+    if (loader_only) {
+      c10::InferenceMode inference;
+      std::vector<c10::IValue> in(inputs);
+      auto out = loader.run(model, std::move(in), torchloom::run_context{device, stream});
+      sync(device);
+      benchmark::DoNotOptimize(out);
+    } else {
+      auto out = r.run(inputs);
+      sync(device);
+      benchmark::DoNotOptimize(out);
+    }
   };
   for (int i = 0; i < warmup_calls; ++i) {
     raw_once();
@@ -329,15 +346,18 @@ void register_benchmarks() {
             ->DisplayAggregatesOnly(true)
             ->ComputeStatistics("p99", p99);
       }
-      benchmark::RegisterBenchmark(("BM_paired_aoti" + suffix).c_str(), bm_paired_aoti, device_arg,
-                                   batch)
-          ->Unit(benchmark::kMicrosecond)
-          ->UseRealTime()
-          ->Iterations(device_arg == 0 ? paired_calls_cpu : paired_calls_cuda)
-          ->Repetitions(can ? paired_repetitions : 1)
-          ->DisplayAggregatesOnly(true)
-          ->ComputeStatistics("min", min_of)
-          ->ComputeStatistics("max", max_of);
+      for (const bool loader_only : {false, true}) {
+        const std::string name = loader_only ? "BM_paired_aoti_loader_only" : "BM_paired_aoti";
+        benchmark::RegisterBenchmark((name + suffix).c_str(), bm_paired_aoti, device_arg, batch,
+                                     loader_only)
+            ->Unit(benchmark::kMicrosecond)
+            ->UseRealTime()
+            ->Iterations(device_arg == 0 ? paired_calls_cpu : paired_calls_cuda)
+            ->Repetitions(can ? paired_repetitions : 1)
+            ->DisplayAggregatesOnly(true)
+            ->ComputeStatistics("min", min_of)
+            ->ComputeStatistics("max", max_of);
+      }
     }
     for (const auto& [name, fn] : {std::pair{"BM_raw_aoti_load", &bm_raw_aoti_load},
                                    std::pair{"BM_runner_aoti_load", &bm_runner_aoti_load}}) {

@@ -107,7 +107,15 @@ FIXTURES="$PWD/$BUILD/aoti_fixtures"
 export TORCHLOOM_AOTI_FIXTURES="$FIXTURES"
 step "aoti fixtures: started in the background ($FIXTURES)"
 fixtures_began=$SECONDS
-timeout 420 python3 scripts/make_aoti_fixtures.py "$FIXTURES" >"$SCRATCH/fixtures.txt" 2>&1 &
+# The op library first: the package that calls a custom operator is exported with it loaded.
+fixture_args=()
+if run_logged "$SCRATCH/op-library.txt" ninja -C "$BUILD" -j"$JOBS" tl_test_ops; then
+  fixture_args=(--op-library "$BUILD/tests/plugins/libtl_test_ops.so")
+else
+  say "aoti fixtures: the tl_test op library did not build; lookup_cpu is left out"
+fi
+timeout 420 python3 scripts/make_aoti_fixtures.py "$FIXTURES" "${fixture_args[@]}" \
+  >"$SCRATCH/fixtures.txt" 2>&1 &
 fixtures_pid=$!
 
 # ---------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Builds the AOTInductor packages that torchloom's C++ tests and benchmarks load.
 
-    python3 scripts/make_aoti_fixtures.py OUTDIR
+    python3 scripts/make_aoti_fixtures.py OUTDIR [--op-library PATH]
 
 Needs PyTorch >= 2.6 (torch.export and torch._inductor.aoti_compile_and_package) and a C++
 compiler; the CUDA packages need a GPU and are left out without one (the C++ cases that need
@@ -15,6 +15,11 @@ For each fixture NAME it writes, in Triton's model-repository layout:
                                and out0, out1, ... (CPU tensors), so C++ reads them with
                                torch::jit::load and named_buffers(), without Python.
 
+With --op-library (the tests' tl_test op library, built in tests/plugins), it also makes
+lookup_cpu: a model that calls the custom operator tl_test::lookup(keys, layer), the op
+the hook tests' TorchScript model calls, so the same end-to-end test runs on a package. Its
+outputs depend on tables the test registers, so it has no reference.pt.
+
 The other fixtures declare their inputs inside the package: the metadata entry
 "torchloom.inputs" ("x:float32[-1,64];ids:int64[-1,4]"; -1 is a dynamic dimension), set at
 compile time through inductor_configs={"aot_inductor.metadata": {...}}. torchloom's
@@ -24,6 +29,7 @@ Cached: OUTDIR/.stamp holds a hash of this file, the torch version and whether C
 available; when it matches, nothing is rebuilt.
 """
 
+import ctypes
 import hashlib
 import os
 import shutil
@@ -33,7 +39,8 @@ import time
 import torch
 from torch import nn
 
-FIXTURES = ("mlp_cpu", "mlp_cuda", "two_inputs_cuda")
+FIXTURES = ("mlp_cpu", "mlp_cuda", "two_inputs_cuda", "lookup_cpu")
+LOOKUP_WIDTH = 4  # the width of the hook tests' embedding tables
 FEATURES = 64  # the MLPs' input width (the C++ tests use it)
 
 
@@ -59,6 +66,31 @@ class TwoInputs(nn.Module):
 
     def forward(self, x, ids):
         return self.proj(x) + self.table(ids).sum(1)
+
+
+class Lookup(nn.Module):
+    """Calls the op library's operator: lookup(keys, 0) * 2 + lookup(keys, 1)."""
+
+    def forward(self, keys):
+        return torch.ops.tl_test.lookup(keys, 0) * 2.0 + torch.ops.tl_test.lookup(keys, 1)
+
+
+def load_op_library(path):
+    """Loads the tl_test op library and gives its operator a fake kernel (the output's shape
+    for torch.export); registers small tables in case compiling runs the operator."""
+    torch.ops.load_library(path)
+
+    @torch.library.register_fake("tl_test::lookup")
+    def _(keys, layer):
+        return keys.new_empty((*keys.shape, LOOKUP_WIDTH), dtype=torch.float32)
+
+    lib = ctypes.CDLL(path)
+    error = ctypes.create_string_buffer(256)
+    for layer in (0, 1):
+        table = torch.randn(16, LOOKUP_WIDTH)
+        lib.tl_test_register_table(ctypes.c_int32(layer), ctypes.c_void_p(table.data_ptr()),
+                                   ctypes.c_int64(16), ctypes.c_int64(LOOKUP_WIDTH),
+                                   ctypes.c_int(-1), error, ctypes.c_size_t(len(error)))
 
 
 class _Tensors(nn.Module):
@@ -89,11 +121,10 @@ def declared_inputs(ep):
 def build(outdir, name, model, sample, reference_inputs, dynamic_shapes, device,
           declare_in_metadata, config=None):
     """Exports `model` on `sample`, compiles and packages it as OUTDIR/NAME/1/model.pt2, and
-    saves the reference next to it."""
+    saves the reference next to it (unless reference_inputs is None)."""
     started = time.time()
     model = model.to(device).eval()
     sample = tuple(t.to(device) for t in sample)
-    reference_inputs = tuple(t.to(device) for t in reference_inputs)
     ep = torch.export.export(model, sample, dynamic_shapes=dynamic_shapes)
     # A fresh dict per package: some torch versions write the device key into the metadata
     # dict they are given.
@@ -103,13 +134,15 @@ def build(outdir, name, model, sample, reference_inputs, dynamic_shapes, device,
     package = os.path.join(directory, "1", "model.pt2")
     torch._inductor.aoti_compile_and_package(
         ep, package_path=package, inductor_configs={"aot_inductor.metadata": metadata})
-    with torch.no_grad():
-        outputs = model(*reference_inputs)
-    if isinstance(outputs, torch.Tensor):
-        outputs = (outputs,)
-    tensors = {f"in{i}": t.detach().cpu() for i, t in enumerate(reference_inputs)}
-    tensors.update({f"out{i}": t.detach().cpu() for i, t in enumerate(outputs)})
-    torch.jit.script(_Tensors(tensors)).save(os.path.join(directory, "reference.pt"))
+    if reference_inputs is not None:
+        reference_inputs = tuple(t.to(device) for t in reference_inputs)
+        with torch.no_grad():
+            outputs = model(*reference_inputs)
+        if isinstance(outputs, torch.Tensor):
+            outputs = (outputs,)
+        tensors = {f"in{i}": t.detach().cpu() for i, t in enumerate(reference_inputs)}
+        tensors.update({f"out{i}": t.detach().cpu() for i, t in enumerate(outputs)})
+        torch.jit.script(_Tensors(tensors)).save(os.path.join(directory, "reference.pt"))
     if config:
         with open(os.path.join(directory, "config.pbtxt"), "w", encoding="utf-8") as f:
             f.write(config)
@@ -118,22 +151,25 @@ def build(outdir, name, model, sample, reference_inputs, dynamic_shapes, device,
           flush=True)
 
 
-def stamp():
+def stamp(op_library):
     h = hashlib.sha256()
     with open(os.path.abspath(__file__), "rb") as f:
         h.update(f.read())
     h.update(f"torch {torch.__version__} cuda {torch.version.cuda} "
-             f"available {torch.cuda.is_available()}".encode())
+             f"available {torch.cuda.is_available()} op library {bool(op_library)}".encode())
     return h.hexdigest()
 
 
 def main(argv):
-    if len(argv) != 1:
+    op_library = None
+    if len(argv) == 3 and argv[1] == "--op-library":
+        op_library = os.path.abspath(argv[2])
+    elif len(argv) != 1:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     outdir = os.path.abspath(argv[0])
     stamp_file = os.path.join(outdir, ".stamp")
-    want = stamp()
+    want = stamp(op_library)
     if os.path.exists(stamp_file):
         with open(stamp_file, encoding="utf-8") as f:
             if f.read().strip() == want:
@@ -165,6 +201,10 @@ def main(argv):
               {"x": {0: batch}, "ids": {0: batch}}, "cuda", declare_in_metadata=True)
     else:
         print("make_aoti_fixtures: no CUDA device: the CUDA packages are left out")
+    if op_library:
+        load_op_library(op_library)
+        build(outdir, "lookup_cpu", Lookup(), (torch.randint(0, 10, (8,)),), None,
+              {"keys": {0: batch}}, "cpu", declare_in_metadata=True)
     with open(stamp_file, "w", encoding="utf-8") as f:
         f.write(want + "\n")
     return 0

@@ -33,6 +33,7 @@ import sys
 # (TorchScript in bm_overhead, AOTInductor in bm_aoti), <= 1.02x per call. Add a row here
 # when a later benchmark pairs raw and runner under a different target.
 PAIR_TARGETS = [
+    (re.compile(r".*_only"), None, None),  # diagnostics: one layer of the runner alone
     (re.compile(r".*_load"), "T10", 1.05),
     (re.compile(r".*"), "T1", 1.02),
 ]

@@ -87,7 +87,14 @@ extern "C" __attribute__((visibility("default"))) std::int64_t tl_test_unregiste
   return r.unregister_calls;
 }
 
-#if TL_TEST_OPS_VARIANT == 0 || TL_TEST_OPS_VARIANT == 1
+// The kernel is registered for CPU and CUDA, not as a composite: torch.export keeps such an
+// operator as one opaque call (a composite kernel would be traced through), so an
+// AOTInductor package calls it through the dispatcher at run time, as TorchScript does.
+#if TL_TEST_OPS_VARIANT == 0
+TORCH_LIBRARY(tl_test, m) { m.def("lookup(Tensor keys, int layer) -> Tensor"); }
+TORCH_LIBRARY_IMPL(tl_test, CPU, m) { m.impl("lookup", &lookup); }
+TORCH_LIBRARY_IMPL(tl_test, CUDA, m) { m.impl("lookup", &lookup); }
+#elif TL_TEST_OPS_VARIANT == 1
 TORCH_LIBRARY(tl_test, m) { m.def("lookup(Tensor keys, int layer) -> Tensor", &lookup); }
 #elif TL_TEST_OPS_VARIANT == 2
 TORCH_LIBRARY_FRAGMENT(tl_test, m) { m.def("lookup(Tensor keys, int layer) -> Tensor", &lookup); }

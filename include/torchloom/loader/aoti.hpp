@@ -52,6 +52,19 @@ struct aoti_model {
 
 namespace detail {
 
+//! Runs the package on inputs the runner owns: boxed_run (where this LibTorch has it) takes
+//! them over instead of copying a handle to each, and may free them early.
+template <class Package>
+std::vector<at::Tensor> run_package(Package& p, std::vector<at::Tensor>& inputs, void* stream) {
+  if constexpr (requires { p.boxed_run(std::move(inputs), stream); }) {
+    return p.boxed_run(std::move(inputs), stream);  // torch 2.7+
+  } else if constexpr (requires { p.boxed_run(inputs, stream); }) {
+    return p.boxed_run(inputs, stream);
+  } else {
+    return p.run(inputs, stream);
+  }
+}
+
 //! Refuses what would reach torch's package reader as something other than a zip archive:
 //! a missing path, a directory, an empty or foreign file. Throws model_not_found or
 //! load_failed naming the path.
@@ -215,19 +228,30 @@ struct aoti_loader {
     tensors.reserve(inputs.size());
     for (auto& v : inputs) tensors.push_back(std::move(v).toTensor());
     std::vector<at::Tensor> out;
-    if (rc.device.is_cuda()) {
+    try {
+      if (rc.device.is_cuda()) {
 #if TORCHLOOM_HAS_CUDA
-      // With a null handle AOTI would take the current stream of the *current* device.
-      const c10::DeviceGuard on_device(rc.device);
-      out = m.package->run(tensors, c10::cuda::CUDAStream(rc.stream).stream());
+        // With a null handle AOTI would take the current stream of the *current* device.
+        const c10::DeviceGuard on_device(rc.device);
+        out = detail::run_package(*m.package, tensors,
+                                  c10::cuda::CUDAStream(rc.stream).stream());
 #else
-      // No CUDA headers here: make the chosen stream (and its device) current, which AOTI
-      // takes when given no handle.
-      const c10::StreamGuard on_stream(rc.stream);
-      out = m.package->run(tensors, nullptr);
+        // No CUDA headers here: make the chosen stream (and its device) current, which AOTI
+        // takes when given no handle.
+        const c10::StreamGuard on_stream(rc.stream);
+        out = detail::run_package(*m.package, tensors, nullptr);
 #endif
-    } else {
-      out = m.package->run(tensors, nullptr);
+      } else {
+        out = detail::run_package(*m.package, tensors, nullptr);
+      }
+    } catch (const std::exception& e) {
+      const std::string why = detail::torch_message(e);
+      if (why.find("API call failed") == std::string::npos) throw;
+      // The package's own error (an operator's message, say) does not reach here: AOTInductor
+      // logs it to stderr and returns a status. Say where to look.
+      throw std::runtime_error(detail::concat(
+          why, " (AOTInductor passes on only that the call failed; the error itself, such as "
+               "a custom operator's message, was logged to stderr)"));
     }
     if (out.size() == 1) return c10::IValue(std::move(out.front()));
     std::vector<c10::IValue> elements;

@@ -7,6 +7,7 @@
 
 #if TORCHLOOM_TORCH_VERSION >= 20600
 
+#include "../../support/aoti_fixtures.hpp"
 #include "../../support/fixtures.hpp"
 
 #include <torchloom/torchloom.hpp>
@@ -34,21 +35,6 @@ namespace fs = std::filesystem;
 
 template <class Stream = torchloom::caller_stream>
 using runner = torchloom::model_runner<torchloom::aoti_loader, torchloom::no_hook, Stream>;
-
-fs::path fixture_root() {
-  if (const char* env = std::getenv("TORCHLOOM_AOTI_FIXTURES"); env != nullptr && *env != 0) {
-    return env;
-  }
-  return TORCHLOOM_AOTI_FIXTURE_DIR;
-}
-
-// The Triton-layout directory of fixture `name`, when the fixture script made it.
-std::optional<fs::path> fixture(const std::string& name) {
-  const fs::path dir = fixture_root() / name;
-  std::error_code ec;
-  if (!fs::is_regular_file(dir / "1" / "model.pt2", ec)) return std::nullopt;
-  return dir;
-}
 
 // What the fixture script saved next to each package: the inputs it ran the model on and
 // the model's outputs in Python (buffers in0, in1, ... and out0, out1, ... of a TorchScript
@@ -96,14 +82,6 @@ c10::Stream pool_cuda_stream() {
 
 // First statement of a test case that needs fixture `name`: binds `var` to its directory, or
 // skips the case saying how to make the fixtures.
-#define TORCHLOOM_REQUIRE_AOTI_FIXTURE(var, name)                                   \
-  const auto var##_found = fixture(name);                                           \
-  if (!var##_found) {                                                               \
-    TORCHLOOM_CATCH_SKIP(                                                           \
-        "no AOTI fixture '" name "' in " + fixture_root().string() +                \
-        "; run scripts/make_aoti_fixtures.py DIR and set TORCHLOOM_AOTI_FIXTURES"); \
-  }                                                                                 \
-  const fs::path var = *var##_found
 
 // ---------------------------------------------------------------------------------------
 // No fixture needed.

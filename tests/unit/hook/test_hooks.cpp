@@ -1,6 +1,7 @@
 // Model-init hooks (dlopen_hook, static_hook) and op libraries (OP_LIBRARIES), end to end:
 // a model whose custom op reads embedding tables that a hook registers from weights/*.bin.
 // The plug-ins are built in tests/plugins.
+#include "support/aoti_fixtures.hpp"
 #include "support/catch.hpp"
 #include "support/fixtures.hpp"
 
@@ -455,3 +456,33 @@ TEST_CASE("dlopen_hook on a CUDA device: init sees the device, the tables live t
   REQUIRE(out[0].is_cuda());
   CHECK(torch::equal(out[0].cpu(), model.expected()));
 }
+
+#if TORCHLOOM_TORCH_VERSION >= 20600
+TEST_CASE("An AOTInductor package calls the op library's operator on the hook's tables",
+          "[hook][aoti]") {
+  // scripts/make_aoti_fixtures.py exports the same computation as e2e_model's TorchScript
+  // model: lookup(keys, 0) * 2 + lookup(keys, 1).
+  TORCHLOOM_REQUIRE_AOTI_FIXTURE(package, "lookup_cpu");
+  e2e_model model;
+  copy_file(package / "1" / "model.pt2", model.path() / "1" / "model.pt2", 0644);
+  const auto spec = torchloom::model_spec::from_directory(model.path());
+  const auto calls = unregister_calls();
+  {
+    torchloom::model_runner<torchloom::aoti_loader, torchloom::dlopen_hook> r(spec);
+    const auto out = r.run({model.keys});
+    REQUIRE(out.size() == 1);
+    CHECK(torch::allclose(out[0], model.expected()));
+  }
+  CHECK(unregister_calls() == calls + 1);
+  {
+    torchloom::model_runner<torchloom::aoti_loader, torchloom::static_hook<tables_hook>> r(spec);
+    CHECK(torch::allclose(r.run({model.keys})[0], model.expected()));
+  }
+  CHECK(unregister_calls() == calls + 2);
+  torchloom::model_runner<torchloom::aoti_loader> unhooked(spec);
+  // AOTInductor logs the operator's message to stderr and reports only a failed call.
+  CHECK_TORCHLOOM_ERROR(unhooked.run({model.keys}), errc::run_failed, "model 'embed'",
+                        "the error itself, such as a custom operator's message, was logged "
+                        "to stderr");
+}
+#endif
