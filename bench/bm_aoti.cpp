@@ -52,6 +52,8 @@ constexpr int paired_repetitions = 3;
 // Construction extracts the package, loads its library and its weights: tens of ms.
 constexpr benchmark::IterationCount load_iterations = 3;
 constexpr int load_repetitions = 10;
+constexpr benchmark::IterationCount paired_load_iterations = 20;
+constexpr int paired_load_repetitions = 5;
 
 c10::Device device_for(std::int64_t arg) {
   return arg == 0 ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, 0);
@@ -228,6 +230,9 @@ double time_call_us(Fn&& call) {
 
 // T1, paired: raw and runner calls alternate in one loop (which goes first swaps every
 // iteration), each timed on its own; the counters are per-call medians and p99s.
+void set_paired_counters(benchmark::State& state, std::vector<double>& raw_us,
+                         std::vector<double>& runner_us);
+
 // With `loader_only`, the second arm is the loader's run() alone (what the loader adds: the
 // IValue conversions), not the runner: a diagnostic that splits the runner's overhead.
 void bm_paired_aoti(benchmark::State& state, std::int64_t device_arg, std::int64_t batch,
@@ -283,6 +288,12 @@ void bm_paired_aoti(benchmark::State& state, std::int64_t device_arg, std::int64
     }
     raw_first = !raw_first;
   }
+  set_paired_counters(state, raw_us, runner_us);
+}
+
+// The paired counters report.py reads: per-call medians, their ratio and p99s.
+void set_paired_counters(benchmark::State& state, std::vector<double>& raw_us,
+                         std::vector<double>& runner_us) {
   std::sort(raw_us.begin(), raw_us.end());
   std::sort(runner_us.begin(), runner_us.end());
   const double raw_median = median_of_sorted(raw_us);
@@ -320,6 +331,37 @@ void bm_runner_aoti_load(benchmark::State& state, std::int64_t device_arg) {
     benchmark::DoNotOptimize(r.get());
     r.reset();
   }
+}
+
+// T10, paired: a raw load and a runner's load alternate (which goes first swaps), each timed,
+// so both share the machine's drift (loads take milliseconds and vary run to run).
+void bm_paired_aoti_load(benchmark::State& state, std::int64_t device_arg) {
+  const c10::Device device = device_for(device_arg);
+  if (cannot_run(state, device)) return;
+  const auto raw_once = [&] {
+    auto p = make_raw(device);
+    benchmark::DoNotOptimize(p.get());
+  };
+  const auto runner_once = [&] {
+    auto r = make_runner(device);
+    benchmark::DoNotOptimize(r.get());
+  };
+  raw_once();
+  runner_once();
+  std::vector<double> raw_us;
+  std::vector<double> runner_us;
+  bool raw_first = true;
+  for (auto _ : state) {
+    if (raw_first) {
+      raw_us.push_back(time_call_us(raw_once));
+      runner_us.push_back(time_call_us(runner_once));
+    } else {
+      runner_us.push_back(time_call_us(runner_once));
+      raw_us.push_back(time_call_us(raw_once));
+    }
+    raw_first = !raw_first;
+  }
+  set_paired_counters(state, raw_us, runner_us);
 }
 
 bool runnable(std::int64_t device_arg) {
@@ -370,6 +412,15 @@ void register_benchmarks() {
           ->DisplayAggregatesOnly(true)
           ->ComputeStatistics("p99", p99);
     }
+    benchmark::RegisterBenchmark(("BM_paired_aoti_load/device:" + device_name).c_str(),
+                                 bm_paired_aoti_load, device_arg)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime()
+        ->Iterations(paired_load_iterations)
+        ->Repetitions(can ? paired_load_repetitions : 1)
+        ->DisplayAggregatesOnly(true)
+        ->ComputeStatistics("min", min_of)
+        ->ComputeStatistics("max", max_of);
   }
 }
 
