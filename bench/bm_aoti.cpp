@@ -180,15 +180,14 @@ void bm_runner_aoti(benchmark::State& state, std::int64_t device_arg, std::int64
   if (cannot_run(state, device)) return;
   runner_type& r = runner(device);
   const auto tensors = make_tensors(device, batch);
-  const auto inputs = as_ivalues(tensors);
   for (int i = 0; i < warmup_calls; ++i) {
-    auto out = r.run(inputs);
+    auto out = r.run_tensors(tensors);
     sync(device);
     benchmark::DoNotOptimize(out);
   }
   if (!same_outputs(state, device, tensors)) return;
   for (auto _ : state) {
-    auto out = r.run(inputs);
+    auto out = r.run_tensors(tensors);
     sync(device);
     benchmark::DoNotOptimize(out);
   }
@@ -233,10 +232,12 @@ double time_call_us(Fn&& call) {
 void set_paired_counters(benchmark::State& state, std::vector<double>& raw_us,
                          std::vector<double>& runner_us);
 
-// With `loader_only`, the second arm is the loader's run() alone (what the loader adds: the
-// IValue conversions), not the runner: a diagnostic that splits the runner's overhead.
+// The second arm: the runner's run_tensors() (T1), or, as diagnostics that split the cost,
+// the runner's boxed run() (IValues in and out) or the loader's boxed run() alone.
+enum class second_arm { run_tensors, boxed_run, boxed_loader };
+
 void bm_paired_aoti(benchmark::State& state, std::int64_t device_arg, std::int64_t batch,
-                    bool loader_only) {
+                    second_arm arm) {
   const c10::Device device = device_for(device_arg);
   if (cannot_run(state, device)) return;
   runner_type& r = runner(device);
@@ -256,7 +257,11 @@ void bm_paired_aoti(benchmark::State& state, std::int64_t device_arg, std::int64
                                  ? c10::impl::getDeviceGuardImpl(device.type())->getStream(device)
                                  : c10::Stream(c10::Stream::DEFAULT, device);
   const auto runner_once = [&] {
-    if (loader_only) {
+    if (arm == second_arm::run_tensors) {
+      auto out = r.run_tensors(tensors);
+      sync(device);
+      benchmark::DoNotOptimize(out);
+    } else if (arm == second_arm::boxed_loader) {
       c10::InferenceMode inference;
       std::vector<c10::IValue> in(inputs);
       auto out = loader.run(model, std::move(in), torchloom::run_context{device, stream});
@@ -388,10 +393,12 @@ void register_benchmarks() {
             ->DisplayAggregatesOnly(true)
             ->ComputeStatistics("p99", p99);
       }
-      for (const bool loader_only : {false, true}) {
-        const std::string name = loader_only ? "BM_paired_aoti_loader_only" : "BM_paired_aoti";
+      for (const auto& [name, arm] :
+           {std::pair{"BM_paired_aoti", second_arm::run_tensors},
+            std::pair{"BM_paired_aoti_boxed_run_only", second_arm::boxed_run},
+            std::pair{"BM_paired_aoti_boxed_loader_only", second_arm::boxed_loader}}) {
         benchmark::RegisterBenchmark((name + suffix).c_str(), bm_paired_aoti, device_arg, batch,
-                                     loader_only)
+                                     arm)
             ->Unit(benchmark::kMicrosecond)
             ->UseRealTime()
             ->Iterations(device_arg == 0 ? paired_calls_cpu : paired_calls_cuda)

@@ -110,22 +110,39 @@ class model_runner {
   //! Runs the model and returns its output as torch returned it.
   c10::IValue run_ivalue(std::vector<c10::IValue> inputs) {
     detail::check_inputs(core_.name(), core_.signature(), inputs, core_.device());
-    try {
-      // InferenceMode(false) would turn grad mode on: without it, run under no-grad.
-      std::optional<c10::InferenceMode> inference;
-      if (core_.options().inference_mode) inference.emplace();
-      c10::AutoGradMode no_grad(false);
-      c10::IValue out = stream_.execute(core_.device(), inputs, [&](const run_context& rc) {
+    return guarded([&] {
+      return stream_.execute(core_.device(), inputs, [&](const run_context& rc) {
         return weights_.execute(
             [&](model_type& m) { return loader_.run(m, std::move(inputs), rc); });
       });
-      core_.after_run();
+    });
+  }
+
+  //! run() for a model whose inputs are all tensors, without boxing them into IValues: with
+  //! a loader that runs on tensors (aoti_loader) the inputs and outputs pass straight
+  //! through, the least a call can cost; with others it is run(). Same checks and errors as
+  //! run(); an input the model declares as another type is bad_input.
+  std::vector<at::Tensor> run_tensors(const std::vector<at::Tensor>& inputs) {
+    if constexpr (!tensor_loader<Loader>) {
+      return run(std::vector<c10::IValue>(inputs.begin(), inputs.end()));
+    } else {
+      const auto moved =
+          detail::check_tensor_inputs(core_.name(), core_.signature(), inputs, core_.device());
+      const std::vector<at::Tensor>& in = moved ? *moved : inputs;
+      std::vector<at::Tensor> out;
+      guarded([&] {
+        return stream_.execute(core_.device(), in, [&](const run_context& rc) {
+          return weights_.execute([&](model_type& m) {
+            out = loader_.run_tensors(m, in, rc);
+            // What the stream policy sees of the outputs (to order them with the caller):
+            // one tensor needs no allocation.
+            return out.size() == 1 ? c10::IValue(out.front())
+                                   : c10::IValue(c10::ivalue::Tuple::create(
+                                         std::vector<c10::IValue>(out.begin(), out.end())));
+          });
+        });
+      });
       return out;
-    } catch (const error&) {
-      throw;
-    } catch (const std::exception& e) {
-      throw error(errc::run_failed, core_.name(),
-                  detail::concat("run failed: ", detail::torch_message(e)));
     }
   }
 
@@ -141,6 +158,26 @@ class model_runner {
   const model_type& model() const noexcept { return weights_.model(); }
 
  private:
+  // Runs `f` under InferenceMode (or no-grad) and the after-run work; torch's exceptions
+  // become run_failed.
+  template <class F>
+  c10::IValue guarded(F&& f) {
+    try {
+      // InferenceMode(false) would turn grad mode on: without it, run under no-grad.
+      std::optional<c10::InferenceMode> inference;
+      if (core_.options().inference_mode) inference.emplace();
+      c10::AutoGradMode no_grad(false);
+      c10::IValue out = f();
+      core_.after_run();
+      return out;
+    } catch (const error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw error(errc::run_failed, core_.name(),
+                  detail::concat("run failed: ", detail::torch_message(e)));
+    }
+  }
+
   detail::runner_core core_;
   [[no_unique_address]] Hook hook_;
   [[no_unique_address]] Stream stream_;

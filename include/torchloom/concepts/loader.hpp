@@ -37,6 +37,9 @@ struct run_context {
 //!  - `l.run(model_type&, std::vector<c10::IValue>&&, const run_context&) -> c10::IValue`:
 //!    may be called from several threads at once; inputs are already validated and on the
 //!    device.
+//! Optional: `l.run_tensors(model_type&, const std::vector<at::Tensor>&, const run_context&)
+//! -> std::vector<at::Tensor>` for a loader whose models take and return tensors natively
+//! (aoti_loader): model_runner::run_tensors then passes them straight through, unboxed.
 //! A loader is default-constructible and holds no per-model state.
 template <class L>
 concept loader =
@@ -47,6 +50,14 @@ concept loader =
       { l.load(lc) } -> std::same_as<typename L::model_type>;
       { l.signature(std::as_const(m)) } -> std::same_as<input_signature>;
       { l.run(m, std::move(in), rc) } -> std::same_as<c10::IValue>;
+    };
+
+//! A loader that also runs on tensors directly (see above).
+template <class L>
+concept tensor_loader =
+    loader<L> && requires(const L& l, typename L::model_type& m,
+                          const std::vector<at::Tensor>& in, const run_context& rc) {
+      { l.run_tensors(m, in, rc) } -> std::same_as<std::vector<at::Tensor>>;
     };
 
 namespace detail {

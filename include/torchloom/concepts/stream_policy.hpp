@@ -25,6 +25,8 @@ struct run_body_archetype {
 //!    -> c10::IValue`: calls `body(run_context)` with the stream to use, ordered after the
 //!    caller's pending work on the inputs; the result must be safe to use on the caller's
 //!    current stream with no further synchronisation. Called from several threads at once.
+//!    The runner also calls it with a `const std::vector<at::Tensor>&` (run_tensors): a
+//!    template on the inputs' type takes both (detail::for_each_tensor visits either).
 //! Every stream policy is a no-op for a CPU device.
 template <class S>
 concept stream_policy =

@@ -8,18 +8,21 @@
 #include <c10/core/Device.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace torchloom::detail {
 
+inline std::string describe_tensor(const at::Tensor& t) {
+  if (!t.defined()) return "an undefined Tensor";
+  return concat("a Tensor (", dtype_name(t.scalar_type()), ", shape ", t.sizes(), ", on ",
+                t.device(), ")");
+}
+
 inline std::string describe_ivalue(const c10::IValue& v) {
-  if (v.isTensor()) {
-    const auto& t = v.toTensor();
-    if (!t.defined()) return "an undefined Tensor";
-    return concat("a Tensor (", dtype_name(t.scalar_type()), ", shape ", t.sizes(), ", on ",
-                  t.device(), ")");
-  }
+  if (v.isTensor()) return describe_tensor(v.toTensor());
   return concat("a value of type ", v.tagKind());
 }
 
@@ -28,23 +31,67 @@ inline std::string input_label(const input_signature& sig, std::size_t i) {
   return concat("input ", i);
 }
 
-//! Checks `inputs` against the declared signature and moves CPU tensors to `device`.
-//! Everything is checked before anything is moved, so a bad request launches nothing.
-//! Throws bad_input naming the input, what was expected and what was given.
-inline void check_inputs(const std::string& model, const input_signature& sig,
-                         std::vector<c10::IValue>& inputs, c10::Device device) {
+inline void check_input_count(const std::string& model, const input_signature& sig,
+                              std::size_t given) {
   std::size_t required = 0;
   for (const auto& s : sig) required += s.has_default ? 0 : 1;
-  if (inputs.size() < required || inputs.size() > sig.size()) {
+  if (given < required || given > sig.size()) {
     std::string names;
     for (const auto& s : sig) names += (names.empty() ? "" : ", ") + s.name;
     throw error(errc::bad_input, model,
                 concat("expected ",
                        required == sig.size() ? std::to_string(required)
                                               : concat(required, " to ", sig.size()),
-                       sig.size() == 1 ? " input (" : " inputs (", names, "), got ",
-                       inputs.size()));
+                       sig.size() == 1 ? " input (" : " inputs (", names, "), got ", given));
   }
+}
+
+//! Checks tensor input `i` against its declaration. Returns whether it must be moved to
+//! `device` (a CPU tensor for another device).
+inline bool check_tensor_input(const std::string& model, const input_signature& sig,
+                               std::size_t i, const at::Tensor& t, c10::Device device) {
+  const auto& spec = sig[i];
+  if (!t.defined()) {
+    throw error(errc::bad_input, model,
+                concat(input_label(sig, i), " must be a Tensor, got ", describe_tensor(t)));
+  }
+  if (spec.dtype && t.scalar_type() != *spec.dtype) {
+    throw error(errc::bad_input, model,
+                concat(input_label(sig, i), " must be ", dtype_name(*spec.dtype), ", got ",
+                       describe_tensor(t)));
+  }
+  if (spec.shape) {
+    const auto& want = *spec.shape;
+    bool ok = static_cast<std::size_t>(t.dim()) == want.size();
+    for (std::size_t d = 0; ok && d < want.size(); ++d) {
+      ok = want[d] < 0 || want[d] == t.size(static_cast<std::int64_t>(d));
+    }
+    if (!ok) {
+      throw error(errc::bad_input, model,
+                  concat(input_label(sig, i), " must have shape ", c10::IntArrayRef(want),
+                         " (-1: any size), got ", describe_tensor(t)));
+    }
+  }
+  if (spec.max_batch_size > 0 && t.dim() > 0 && t.size(0) > spec.max_batch_size) {
+    throw error(errc::bad_input, model,
+                concat(input_label(sig, i), " has a batch of ", t.size(0),
+                       "; the model's max_batch_size is ", spec.max_batch_size));
+  }
+  if (t.device() == device) return false;
+  if (!t.device().is_cpu()) {
+    throw error(errc::bad_input, model,
+                concat(input_label(sig, i), " is on ", t.device(), " but the runner is on ",
+                       device, "; only CPU inputs are moved to the runner's device"));
+  }
+  return true;
+}
+
+//! Checks `inputs` against the declared signature and moves CPU tensors to `device`.
+//! Everything is checked before anything is moved, so a bad request launches nothing.
+//! Throws bad_input naming the input, what was expected and what was given.
+inline void check_inputs(const std::string& model, const input_signature& sig,
+                         std::vector<c10::IValue>& inputs, c10::Device device) {
+  check_input_count(model, sig, inputs.size());
   bool needs_move = false;
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const auto& spec = sig[i];
@@ -57,47 +104,40 @@ inline void check_inputs(const std::string& model, const input_signature& sig,
       }
       continue;
     }
-    if (!v.isTensor() || !v.toTensor().defined()) {
+    if (!v.isTensor()) {
       throw error(errc::bad_input, model,
                   concat(input_label(sig, i), " must be a Tensor, got ", describe_ivalue(v)));
     }
-    const auto& t = v.toTensor();
-    if (spec.dtype && t.scalar_type() != *spec.dtype) {
-      throw error(errc::bad_input, model,
-                  concat(input_label(sig, i), " must be ", dtype_name(*spec.dtype), ", got ",
-                         describe_ivalue(v)));
-    }
-    if (spec.shape) {
-      const auto& want = *spec.shape;
-      bool ok = static_cast<std::size_t>(t.dim()) == want.size();
-      for (std::size_t d = 0; ok && d < want.size(); ++d) {
-        ok = want[d] < 0 || want[d] == t.size(static_cast<std::int64_t>(d));
-      }
-      if (!ok) {
-        throw error(errc::bad_input, model,
-                    concat(input_label(sig, i), " must have shape ", c10::IntArrayRef(want),
-                           " (-1: any size), got ", describe_ivalue(v)));
-      }
-    }
-    if (spec.max_batch_size > 0 && t.dim() > 0 && t.size(0) > spec.max_batch_size) {
-      throw error(errc::bad_input, model,
-                  concat(input_label(sig, i), " has a batch of ", t.size(0),
-                         "; the model's max_batch_size is ", spec.max_batch_size));
-    }
-    if (t.device() != device) {
-      if (!t.device().is_cpu()) {
-        throw error(errc::bad_input, model,
-                    concat(input_label(sig, i), " is on ", t.device(), " but the runner is on ",
-                           device, "; only CPU inputs are moved to the runner's device"));
-      }
-      needs_move = true;
-    }
+    needs_move |= check_tensor_input(model, sig, i, v.toTensor(), device);
   }
   if (needs_move) {
     for (auto& v : inputs) {
       if (v.isTensor() && v.toTensor().device() != device) v = v.toTensor().to(device);
     }
   }
+}
+
+//! check_inputs for inputs given as tensors (model_runner::run_tensors). Returns the inputs
+//! moved to `device`, or nothing when they are all there already.
+inline std::optional<std::vector<at::Tensor>> check_tensor_inputs(
+    const std::string& model, const input_signature& sig, const std::vector<at::Tensor>& inputs,
+    c10::Device device) {
+  check_input_count(model, sig, inputs.size());
+  bool needs_move = false;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    if (!sig[i].is_tensor) {
+      throw error(errc::bad_input, model,
+                  concat(input_label(sig, i), " must be ",
+                         sig[i].type ? sig[i].type->str() : std::string("a non-Tensor value"),
+                         ", got a Tensor; use run() for inputs that are not tensors"));
+    }
+    needs_move |= check_tensor_input(model, sig, i, inputs[i], device);
+  }
+  if (!needs_move) return std::nullopt;
+  std::vector<at::Tensor> moved;
+  moved.reserve(inputs.size());
+  for (const auto& t : inputs) moved.push_back(t.device() == device ? t : t.to(device));
+  return moved;
 }
 
 //! The tensors of a model's output: a Tensor, or a tuple or list of them (nested too).

@@ -16,6 +16,12 @@
 
 namespace torchloom::detail {
 
+//! Calls `f` on `t`: the overload for inputs given as tensors (model_runner::run_tensors).
+template <class F>
+void for_each_tensor(const at::Tensor& t, F&& f) {
+  f(t);
+}
+
 //! Calls `f` on every tensor in `v` (tensors, tuples, lists, dicts, nested).
 template <class F>
 void for_each_tensor(const c10::IValue& v, F&& f) {
@@ -63,9 +69,10 @@ struct fence_events {
 //!    allocator does not hand their memory to another stream while that use is pending.
 //! No host synchronisation. `work` is current during `body`, so TorchScript's kernels run on
 //! it. Device-generic (c10 interfaces only): no CUDA headers.
-template <class Body>
-c10::IValue run_fenced(c10::Device device, c10::Stream work,
-                       const std::vector<c10::IValue>& inputs, Body&& body) {
+//! `inputs`: a vector of c10::IValue or of at::Tensor.
+template <class Inputs, class Body>
+c10::IValue run_fenced(c10::Device device, c10::Stream work, const Inputs& inputs,
+                       Body&& body) {
   c10::DeviceGuard device_guard(device);
   const auto* impl = c10::impl::getDeviceGuardImpl(device.type());
   const c10::Stream caller = impl->getStream(device);

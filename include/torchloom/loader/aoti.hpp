@@ -52,19 +52,6 @@ struct aoti_model {
 
 namespace detail {
 
-//! Runs the package on inputs the runner owns: boxed_run (where this LibTorch has it) takes
-//! them over instead of copying a handle to each, and may free them early.
-template <class Package>
-std::vector<at::Tensor> run_package(Package& p, std::vector<at::Tensor>& inputs, void* stream) {
-  if constexpr (requires { p.boxed_run(std::move(inputs), stream); }) {
-    return p.boxed_run(std::move(inputs), stream);  // torch 2.7+
-  } else if constexpr (requires { p.boxed_run(inputs, stream); }) {
-    return p.boxed_run(inputs, stream);
-  } else {
-    return p.run(inputs, stream);
-  }
-}
-
 //! Refuses what would reach torch's package reader as something other than a zip archive:
 //! a missing path, a directory, an empty or foreign file. Throws model_not_found or
 //! load_failed naming the path.
@@ -227,23 +214,46 @@ struct aoti_loader {
     std::vector<at::Tensor> tensors;
     tensors.reserve(inputs.size());
     for (auto& v : inputs) tensors.push_back(std::move(v).toTensor());
-    std::vector<at::Tensor> out;
+    // The inputs are ours: boxed_run (where this LibTorch has it) takes them over instead of
+    // copying a handle to each, and may free them early.
+    std::vector<at::Tensor> out = call(m, rc, [&](auto& package, void* stream) {
+      if constexpr (requires { package.boxed_run(std::move(tensors), stream); }) {
+        return package.boxed_run(std::move(tensors), stream);  // torch 2.7+
+      } else {
+        return package.run(tensors, stream);
+      }
+    });
+    if (out.size() == 1) return c10::IValue(std::move(out.front()));
+    std::vector<c10::IValue> elements;
+    elements.reserve(out.size());
+    for (auto& t : out) elements.emplace_back(std::move(t));
+    return c10::ivalue::Tuple::create(std::move(elements));
+  }
+
+  //! The same on tensors, unboxed (model_runner::run_tensors): the caller keeps its inputs.
+  std::vector<at::Tensor> run_tensors(model_type& m, const std::vector<at::Tensor>& inputs,
+                                      const run_context& rc) const {
+    return call(m, rc, [&](auto& package, void* stream) { return package.run(inputs, stream); });
+  }
+
+ private:
+  // Calls `run(package, stream_handle)` on the stream the policy chose.
+  template <class Run>
+  static std::vector<at::Tensor> call(model_type& m, const run_context& rc, Run&& run) {
     try {
       if (rc.device.is_cuda()) {
 #if TORCHLOOM_HAS_CUDA
         // With a null handle AOTI would take the current stream of the *current* device.
         const c10::DeviceGuard on_device(rc.device);
-        out = detail::run_package(*m.package, tensors,
-                                  c10::cuda::CUDAStream(rc.stream).stream());
+        return run(*m.package, static_cast<void*>(c10::cuda::CUDAStream(rc.stream).stream()));
 #else
         // No CUDA headers here: make the chosen stream (and its device) current, which AOTI
         // takes when given no handle.
         const c10::StreamGuard on_stream(rc.stream);
-        out = detail::run_package(*m.package, tensors, nullptr);
+        return run(*m.package, nullptr);
 #endif
-      } else {
-        out = detail::run_package(*m.package, tensors, nullptr);
       }
+      return run(*m.package, nullptr);
     } catch (const std::exception& e) {
       const std::string why = detail::torch_message(e);
       if (why.find("API call failed") == std::string::npos) throw;
@@ -253,14 +263,8 @@ struct aoti_loader {
           why, " (AOTInductor passes on only that the call failed; the error itself, such as "
                "a custom operator's message, was logged to stderr)"));
     }
-    if (out.size() == 1) return c10::IValue(std::move(out.front()));
-    std::vector<c10::IValue> elements;
-    elements.reserve(out.size());
-    for (auto& t : out) elements.emplace_back(std::move(t));
-    return c10::ivalue::Tuple::create(std::move(elements));
   }
 
- private:
   // "arg<N>_<M>": a flattened graph input's name after torch's tracing.
   static bool is_generated_name(std::string_view n) {
     if (n.substr(0, 3) != "arg") return false;
@@ -340,6 +344,7 @@ struct aoti_loader {
 };
 
 static_assert(loader<aoti_loader>);
+static_assert(tensor_loader<aoti_loader>);
 
 #else
 

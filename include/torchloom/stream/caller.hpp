@@ -15,9 +15,8 @@ namespace torchloom {
 struct caller_stream {
   constexpr explicit caller_stream(const model_context&) noexcept {}
 
-  template <class Body>
-  c10::IValue execute(c10::Device device, const std::vector<c10::IValue>& /*inputs*/,
-                      Body&& body) {
+  template <class Inputs, class Body>
+  c10::IValue execute(c10::Device device, const Inputs& /*inputs*/, Body&& body) {
     if (device.is_cpu()) return detail::run_on_host(device, std::forward<Body>(body));
     c10::DeviceGuard guard(device);
     // Device-generic: works for any backend torch was built with, no CUDA headers needed.

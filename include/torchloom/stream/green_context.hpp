@@ -69,8 +69,8 @@ class basic_green_context_stream {
         P == green_partition::first ? cuda::sm_split_part::group : cuda::sm_split_part::remaining);
   }
 
-  template <class Body>
-  c10::IValue execute(c10::Device device, const std::vector<c10::IValue>& inputs, Body&& body) {
+  template <class Inputs, class Body>
+  c10::IValue execute(c10::Device device, const Inputs& inputs, Body&& body) {
     if (device.is_cpu() || !context_) return detail::run_on_host(device, std::forward<Body>(body));
     // The inputs are not recorded on the green stream, as run_fenced would do: the caching
     // allocator records an event on every stream a block was recorded on when the block is
@@ -129,8 +129,8 @@ class basic_green_context_stream {
   }
 
   // Never called: no object of this type can be constructed in this build.
-  template <class Body>
-  c10::IValue execute(c10::Device, const std::vector<c10::IValue>&, Body&&) {
+  template <class Inputs, class Body>
+  c10::IValue execute(c10::Device, const Inputs&, Body&&) {
     return {};
   }
 

@@ -16,9 +16,8 @@ namespace torchloom {
 struct pool_stream {
   constexpr explicit pool_stream(const model_context&) noexcept {}
 
-  template <class Body>
-  c10::IValue execute(c10::Device device, const std::vector<c10::IValue>& inputs,
-                      Body&& body) {
+  template <class Inputs, class Body>
+  c10::IValue execute(c10::Device device, const Inputs& inputs, Body&& body) {
     if (device.is_cpu()) return detail::run_on_host(device, std::forward<Body>(body));
     const c10::Stream work =
         c10::impl::getDeviceGuardImpl(device.type())->getStreamFromGlobalPool(device);

@@ -146,6 +146,16 @@ TEST_CASE("AOTI: wrong count, dtype or shape is bad_input naming the input; noth
   CHECK_TORCHLOOM_ERROR(r.run({torch::rand({2, 63})}), errc::bad_input, "input 0 ('x')",
                         "shape [-1, 64]");
   CHECK(matches(r.run(ref.inputs), ref.outputs));  // still usable
+
+  // The same checks on the unboxed path.
+  CHECK(matches(r.run_tensors({x}), ref.outputs));
+  CHECK_TORCHLOOM_ERROR(r.run_tensors({}), errc::bad_input, "expected 1 input (x)", "got 0");
+  CHECK_TORCHLOOM_ERROR(r.run_tensors({x.to(torch::kFloat64)}), errc::bad_input,
+                        "input 0 ('x')", "must be float32", "float64");
+  CHECK_TORCHLOOM_ERROR(r.run_tensors({torch::rand({2, 63})}), errc::bad_input,
+                        "input 0 ('x')", "shape [-1, 64]");
+  CHECK_TORCHLOOM_ERROR(r.run_tensors({at::Tensor()}), errc::bad_input, "undefined Tensor");
+  CHECK(matches(r.run_tensors({x}), ref.outputs));
 }
 
 TEST_CASE("AOTI: WARMUP_ITERATIONS synthesises inputs from the declared specs", "[aoti]") {
@@ -198,6 +208,11 @@ TEST_CASE("AOTI CUDA: outputs equal the Python reference; CPU inputs are moved",
   REQUIRE(out.size() == 1);
   CHECK(out[0].device() == c10::Device("cuda:0"));
   CHECK(matches(out, ref.outputs));
+  // run_tensors moves CPU inputs too.
+  const auto unboxed = r.run_tensors({ref.inputs.front().toTensor().cpu()});
+  REQUIRE(unboxed.size() == 1);
+  CHECK(unboxed[0].device() == c10::Device("cuda:0"));
+  CHECK(matches(unboxed, ref.outputs));
   CHECK(matches(r.run(ref.inputs), ref.outputs));  // CPU inputs
 }
 

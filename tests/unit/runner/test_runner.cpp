@@ -115,6 +115,18 @@ TEST_CASE("declared dtype and shape from config.pbtxt are checked", "[runner]") 
   CHECK(torch::allclose(r.run({x})[0], lm.reference(x), 1e-5, 1e-6));
 }
 
+TEST_CASE("run_tensors() is run() for a loader without a tensor path", "[runner]") {
+  STATIC_REQUIRE_FALSE(torchloom::tensor_loader<torchloom::torchscript_loader>);
+  linear_model lm(declared_config);
+  runner r(lm.spec());
+  const auto x = torch::randn({5, 8});
+  const auto out = r.run_tensors({x});
+  REQUIRE(out.size() == 1);
+  CHECK(torch::allclose(out[0], lm.reference(x), 1e-5, 1e-6));
+  CHECK_TORCHLOOM_ERROR(r.run_tensors({torch::ones({2, 8}, torch::kFloat64)}), errc::bad_input,
+                        "input 0 ('x')", "must be float32");
+}
+
 TEST_CASE("a config input the model does not have is an error", "[runner]") {
   linear_model lm(R"(
 input [ { name: "x" data_type: TYPE_FP32 dims: [ 8 ] }, { name: "y" data_type: TYPE_FP32 } ]
