@@ -109,8 +109,9 @@ class model_runner {
 
   //! Runs the model and returns its output as torch returned it.
   c10::IValue run_ivalue(std::vector<c10::IValue> inputs) {
-    detail::check_inputs(core_.name(), core_.signature(), inputs, core_.device());
     return guarded([&] {
+      // Inside: moving CPU inputs to the device can fail (out of memory).
+      detail::check_inputs(core_.name(), core_.signature(), inputs, core_.device());
       return stream_.execute(core_.device(), inputs, [&](const run_context& rc) {
         return weights_.execute(
             [&](model_type& m) { return loader_.run(m, std::move(inputs), rc); });
@@ -126,11 +127,11 @@ class model_runner {
     if constexpr (!tensor_loader<Loader>) {
       return run(std::vector<c10::IValue>(inputs.begin(), inputs.end()));
     } else {
-      const auto moved =
-          detail::check_tensor_inputs(core_.name(), core_.signature(), inputs, core_.device());
-      const std::vector<at::Tensor>& in = moved ? *moved : inputs;
       std::vector<at::Tensor> out;
       guarded([&] {
+        const auto moved =
+            detail::check_tensor_inputs(core_.name(), core_.signature(), inputs, core_.device());
+        const std::vector<at::Tensor>& in = moved ? *moved : inputs;
         return stream_.execute(core_.device(), in, [&](const run_context& rc) {
           return weights_.execute([&](model_type& m) {
             out = loader_.run_tensors(m, in, rc);

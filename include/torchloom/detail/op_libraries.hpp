@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -165,6 +166,8 @@ inline op_library_probe probe_op_library(const std::string& path,
     probe.message = concat("cannot create a pipe: ", std::strerror(errno));
     return probe;
   }
+  // The child must not print what this process has buffered (if the library exits).
+  std::fflush(nullptr);
   const pid_t pid = ::fork();
   if (pid < 0) {
     probe.message = concat("cannot fork a process to load it in: ", std::strerror(errno));
@@ -210,17 +213,28 @@ inline op_library_probe probe_op_library(const std::string& path,
 
   if (report.empty() || report.back() != probe_end) {
     if (timed_out) {
+      // A child of a multithreaded process can block on a lock another thread held when
+      // it was forked (torch's dispatcher, say).
       probe.message = concat("loading it in a child process did not finish within ",
-                             timeout.count() / 1000, " s");
+                             timeout.count() / 1000,
+                             " s (a lock held by another thread at fork time, or a library "
+                             "whose initialisation blocks)");
     } else if (waited == pid && WIFSIGNALED(status)) {
       probe.message = concat("loading it in a child process crashed (",
                              ::strsignal(WTERMSIG(status)), ")");
+    } else if (waited == pid && WIFEXITED(status)) {
+      probe.message = concat("loading it in a child process ended it with status ",
+                             WEXITSTATUS(status), " before it could report");
     } else {
       probe.message = "loading it in a child process ended without a report";
     }
     return probe;
   }
   report.pop_back();
+  if (report.empty()) {
+    probe.message = "loading it in a child process gave an empty report";
+    return probe;
+  }
   const char kind = report.front();
   report.erase(0, 1);
   if (kind == 'O') {

@@ -6,6 +6,7 @@
 #include <torchloom/library_trust.hpp>
 #include <torchloom/model_init.h>
 
+#include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 
 #include <dlfcn.h>
@@ -13,6 +14,7 @@
 #include <array>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace torchloom {
@@ -48,7 +50,7 @@ class dlopen_hook {
     if (!lib) throw fail(detail::concat("dlopen failed: ", why_missing()));
     const auto symbol = [&](const char* name) { return ::dlsym(lib.get(), name); };
 
-    const detail::device_current on_device(ctx.device);
+    const detail::device_current on_device(ctx.name, ctx.device);
     const int device_index = ctx.device.is_cuda() ? ctx.device.index() : -1;
     if (void* version = symbol("torchloom_model_init_abi_version")) {
       void* init = symbol("torchloom_model_init");
@@ -108,11 +110,15 @@ class dlopen_hook {
           why_missing()));
     }
     library_ = lib.release();
+    device_ = ctx.device;
   }
 
   ~dlopen_hook() {
     if (fini_) {
       try {
+        // Fini sees the device init saw.
+        std::optional<c10::DeviceGuard> on_device;
+        if (device_.is_cuda()) on_device.emplace(device_);
         fini_(handle_);
       } catch (const std::exception& e) {
         TORCH_WARN("torchloom: MODEL_INIT_LIBRARY '", path_, "': fini threw: ", e.what());
@@ -135,6 +141,7 @@ class dlopen_hook {
   };
 
   std::string path_;
+  c10::Device device_{c10::kCPU};
   void* library_ = nullptr;
   void* handle_ = nullptr;
   torchloom_model_fini_fn fini_ = nullptr;

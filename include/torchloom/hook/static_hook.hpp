@@ -4,7 +4,11 @@
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
 
+#include <c10/core/Device.h>
+#include <c10/core/DeviceGuard.h>
+
 #include <exception>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
@@ -48,9 +52,14 @@ class static_hook {
  public:
   using state_type = typename detail::static_hook_state<T>::type;
 
-  explicit static_hook(const model_context& ctx) : state_(init(ctx)) {}
+  explicit static_hook(const model_context& ctx) : device_(ctx.device), state_(init(ctx)) {}
   ~static_hook() {
-    if constexpr (static_hook_target<T>) T::fini(std::move(state_));
+    if constexpr (static_hook_target<T>) {
+      // Fini sees the device init saw (a guard cannot fail for a device init could use).
+      std::optional<c10::DeviceGuard> on_device;
+      if (device_.is_cuda()) on_device.emplace(device_);
+      T::fini(std::move(state_));
+    }
   }
 
   static_hook(const static_hook&) = delete;
@@ -61,7 +70,7 @@ class static_hook {
 
  private:
   static state_type init(const model_context& ctx) {
-    const detail::device_current on_device(ctx.device);
+    const detail::device_current on_device(ctx.name, ctx.device);
     try {
       if constexpr (static_hook_target<T>) {
         return T::init(ctx);
@@ -71,10 +80,15 @@ class static_hook {
     } catch (const error&) {
       throw;
     } catch (const std::exception& e) {
-      throw error(errc::hook_failed, ctx.name, detail::concat("static_hook init failed: ", e.what()));
+      throw error(errc::hook_failed, ctx.name,
+                  detail::concat("static_hook init failed: ", e.what()));
+    } catch (...) {
+      throw error(errc::hook_failed, ctx.name,
+                  "static_hook init failed: it threw something that is not a std::exception");
     }
   }
 
+  c10::Device device_;
   [[no_unique_address]] state_type state_;
 };
 
