@@ -311,6 +311,23 @@ TEST_CASE("static_hook runs the same init linked into the program", "[hook]") {
   }
 }
 
+namespace {
+struct throwing_hook {
+  static int init(const torchloom::model_context&) { throw 42; }
+  static void fini(int) noexcept {}
+};
+}  // namespace
+
+TEST_CASE("static_hook: an init that throws something odd is still hook_failed", "[hook]") {
+  e2e_options o;
+  o.hook = "";
+  e2e_model model(o);
+  using runner =
+      torchloom::model_runner<torchloom::torchscript_loader, torchloom::static_hook<throwing_hook>>;
+  CHECK_TORCHLOOM_ERROR(runner(torchloom::model_spec::from_directory(model.path())),
+                        errc::hook_failed, "model 'embed'", "not a std::exception");
+}
+
 TEST_CASE("Load and unload cycles leave nothing behind", "[hook]") {
   e2e_model model;
   const auto calls = unregister_calls();
