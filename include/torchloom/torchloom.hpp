@@ -15,6 +15,7 @@
 #include <torchloom/model_spec.hpp>
 #include <torchloom/options.hpp>
 #include <torchloom/residency/resident.hpp>
+#include <torchloom/residency/shared.hpp>
 #include <torchloom/signature.hpp>
 #include <torchloom/stream/adaptive.hpp>
 #include <torchloom/stream/caller.hpp>

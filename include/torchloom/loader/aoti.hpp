@@ -162,6 +162,12 @@ struct aoti_loader {
   using model_type = aoti_model;
   static constexpr std::string_view default_filename = "model.pt2";
 
+  //! The options that change what load() makes (shared_weights shares only equal ones).
+  static std::string load_key(const runner_options& o) {
+    return detail::concat("aoti model=", o.aoti_model_name,
+                          " runners=", o.aoti_num_runners.value);
+  }
+
   //! Throws model_not_found (no file), load_failed (not a zip archive; torch could not load
   //! it, its message kept; a malformed declaration), unsupported (a package for another
   //! device type; AOTI_NUM_RUNNERS > 1 where this LibTorch cannot).

@@ -32,6 +32,15 @@ struct torchscript_loader {
   using model_type = torchscript_model;
   static constexpr std::string_view default_filename = "model.pt";
 
+  //! The options that change what load() makes (shared_weights shares only equal ones).
+  static std::string load_key(const runner_options& o) {
+    const auto flag = [](const std::optional<bool>& b) { return b ? (*b ? "1" : "0") : "-"; };
+    return detail::concat("torchscript disable_optimized_execution=",
+                          o.disable_optimized_execution, " jit_executor=",
+                          flag(o.enable_jit_executor), " jit_profiling=",
+                          flag(o.enable_jit_profiling));
+  }
+
   //! Throws model_not_found (no file), load_failed (not a TorchScript file, or torch failed
   //! to load it; torch's message is kept), invalid_option (conflicting process settings).
   model_type load(const load_context& ctx) const {
