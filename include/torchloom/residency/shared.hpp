@@ -76,11 +76,11 @@ struct shared_weights {
 
    private:
     struct slot {
-      std::mutex load;  // held while this key's model loads
-      std::weak_ptr<model_type> model;
+      std::mutex load;                  // held while this key's model loads
+      std::weak_ptr<model_type> model;  // read and written under the registry's mutex
     };
     struct registry_state {
-      std::mutex mutex;  // guards `slots` only, never held while loading
+      std::mutex mutex;  // guards `slots` and each slot's `model`; never held while loading
       std::map<std::string, std::shared_ptr<slot>> slots;
     };
     static registry_state& registry() {
@@ -97,9 +97,9 @@ struct shared_weights {
       const std::string key =
           detail::shared_model_key(ctx, detail::load_key_of<Loader>(ctx.spec.options));
       if (key.empty()) return load(l, ctx);  // no such file: the loader says so
+      auto& r = registry();
       std::shared_ptr<slot> s;
       {
-        auto& r = registry();
         std::lock_guard lock(r.mutex);
         // Drop the slots of freed models that nobody is loading (only the map holds them).
         for (auto it = r.slots.begin(); it != r.slots.end();) {
@@ -111,8 +111,12 @@ struct shared_weights {
         s = found;
       }
       std::lock_guard loading(s->load);
-      if (auto m = s->model.lock()) return m;
+      {
+        std::lock_guard lock(r.mutex);
+        if (auto m = s->model.lock()) return m;
+      }
       auto m = load(l, ctx);
+      std::lock_guard lock(r.mutex);
       s->model = m;
       return m;
     }
