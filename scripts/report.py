@@ -204,6 +204,15 @@ def target_for(feature):
     return None, None
 
 
+def judge(tname, limit, ratio, verdicts):
+    """The verdict cell for `ratio` against target `tname` (none: "-"); records the verdict."""
+    if tname is None:
+        return "-"
+    ok = ratio <= limit
+    verdicts.append((tname, "pass" if ok else "fail"))
+    return f"{tname} ≤{limit:g}×: {'pass' if ok else 'FAIL'}"
+
+
 def pair_rows(pairs):
     rows, verdicts = [], []
     for feature, rw, rn in pairs:
@@ -215,12 +224,7 @@ def pair_rows(pairs):
             verdicts.append((tname, "skipped"))
         elif rw.value() and rn.value() is not None:
             ratio = rn.value() / rw.value()
-            if tname is None:
-                verdict = "-"
-            else:
-                ok = ratio <= limit
-                verdict = f"{tname} ≤{limit:g}×: {'pass' if ok else 'FAIL'}"
-                verdicts.append((tname, "pass" if ok else "fail"))
+            verdict = judge(tname, limit, ratio, verdicts)
         else:
             verdict = "no data"
             verdicts.append((tname, "skipped"))
@@ -240,23 +244,15 @@ def paired_rows(paired):
         med = r.counters.get("median") or r.counters.get("single")
         lo = r.counters.get("min") or med
         hi = r.counters.get("max") or med
-        if r.error:
+        missing = (f"skipped: {r.error}" if r.error
+                   else "no data" if not med or "ratio" not in med else None)
+        if missing:
             rows.append([name, r.param("device") or "-", r.param("batch") or "-",
-                         "-", "-", "-", "-", "-", f"skipped: {r.error}"])
-            verdicts.append((tname, "skipped"))
-            continue
-        if not med or "ratio" not in med:
-            rows.append([name, r.param("device") or "-", r.param("batch") or "-",
-                         "-", "-", "-", "-", "-", "no data"])
+                         "-", "-", "-", "-", "-", missing])
             verdicts.append((tname, "skipped"))
             continue
         ratio = med["ratio"]
-        if tname is None:
-            verdict = "-"
-        else:
-            ok = ratio <= limit
-            verdict = f"{tname} ≤{limit:g}×: {'pass' if ok else 'FAIL'}"
-            verdicts.append((tname, "pass" if ok else "fail"))
+        verdict = judge(tname, limit, ratio, verdicts)
         spread = f"{ratio:.3f} ({lo['ratio']:.3f}–{hi['ratio']:.3f})"
         calls = med.get("calls")
         rows.append([name, r.param("device") or "-", r.param("batch") or "-",
