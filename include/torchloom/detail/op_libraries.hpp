@@ -253,19 +253,19 @@ inline op_library_probe probe_op_library(const std::string& path,
 // What torch's refusal names: the operator ("Tried to register an operator (ns::op(...) ->
 // ...) with the same name ...") or the namespace ("Only a single TORCH_LIBRARY can be used
 // to register the namespace ns; ..."). Empty when it names neither.
-inline std::string refused_operator(std::string_view message) {
-  constexpr std::string_view marker = "register an operator (";
+// The word after `marker` in `message`, up to one of `ends`; empty without the marker.
+inline std::string word_after(std::string_view message, std::string_view marker,
+                              const char* ends) {
   const auto pos = message.find(marker);
   if (pos == std::string_view::npos) return {};
   const auto rest = message.substr(pos + marker.size());
-  return std::string(rest.substr(0, rest.find_first_of("( ")));
+  return std::string(rest.substr(0, rest.find_first_of(ends)));
+}
+inline std::string refused_operator(std::string_view message) {
+  return word_after(message, "register an operator (", "( ");
 }
 inline std::string refused_namespace(std::string_view message) {
-  constexpr std::string_view marker = "register the namespace ";
-  const auto pos = message.find(marker);
-  if (pos == std::string_view::npos) return {};
-  const auto rest = message.substr(pos + marker.size());
-  return std::string(rest.substr(0, rest.find_first_of("; \n")));
+  return word_after(message, "register the namespace ", "; \n");
 }
 
 inline std::string first_line(std::string_view s) {

@@ -49,6 +49,16 @@ class dlopen_hook {
     std::unique_ptr<void, library_closer> lib(::dlopen(path_.c_str(), RTLD_NOW | RTLD_LOCAL));
     if (!lib) throw fail(detail::concat("dlopen failed: ", why_missing()));
     const auto symbol = [&](const char* name) { return ::dlsym(lib.get(), name); };
+    // A C++ hook may throw through the C ABI: its init fails like any other.
+    const auto call_init = [&](const char* what, const auto& call) {
+      try {
+        call();
+      } catch (const std::exception& e) {
+        throw fail(detail::concat(what, " threw an exception: ", e.what()));
+      } catch (...) {
+        throw fail(detail::concat(what, " threw an exception"));
+      }
+    };
 
     const detail::device_current on_device(ctx.name, ctx.device);
     const int device_index = ctx.device.is_cuda() ? ctx.device.index() : -1;
@@ -70,14 +80,10 @@ class dlopen_hook {
                                            device_index};
       std::array<char, 4096> message{};
       int status = 0;
-      try {
+      call_init("init", [&] {
         status = reinterpret_cast<torchloom_model_init_fn>(init)(&args, &handle_,
                                                                  message.data(), message.size());
-      } catch (const std::exception& e) {
-        throw fail(detail::concat("init threw an exception: ", e.what()));
-      } catch (...) {
-        throw fail("init threw an exception");
-      }
+      });
       message.back() = '\0';
       if (status != TORCHLOOM_MODEL_INIT_OK) {
         handle_ = nullptr;
@@ -95,13 +101,9 @@ class dlopen_hook {
       }
       using triton_init = void* (*)(const char*, int);
       const std::string version_dir = ctx.version_directory.string();
-      try {
+      call_init("triton_pytorch_model_init", [&] {
         handle_ = reinterpret_cast<triton_init>(init)(version_dir.c_str(), device_index);
-      } catch (const std::exception& e) {
-        throw fail(detail::concat("triton_pytorch_model_init threw an exception: ", e.what()));
-      } catch (...) {
-        throw fail("triton_pytorch_model_init threw an exception");
-      }
+      });
       fini_ = reinterpret_cast<torchloom_model_fini_fn>(fini);
     } else {
       throw fail(detail::concat(
