@@ -12,6 +12,7 @@
 #include <torchloom/hook/no_hook.hpp>
 #include <torchloom/model_spec.hpp>
 #include <torchloom/residency/resident.hpp>
+#include <torchloom/residency/weight_memory.hpp>
 #include <torchloom/stream/caller.hpp>
 
 #include <ATen/core/ivalue.h>
@@ -157,6 +158,15 @@ class model_runner {
   const input_signature& inputs() const noexcept { return core_.signature(); }
   //! The loaded model (for inspection; run() is the way to call it).
   const model_type& model() const noexcept { return weights_.model(); }
+  //! How much memory the weights take: device bytes, and for streamed_weights the most in
+  //! flight at once and the budget checks (see weight_memory).
+  weight_memory memory() const {
+    if constexpr (requires { weights_.memory(); }) {
+      return weights_.memory();
+    } else {
+      return detail::loaded_weight_memory(weights_.model(), core_.device());
+    }
+  }
 
  private:
   // Runs `f` under InferenceMode (or no-grad) and the after-run work; torch's exceptions

@@ -14,8 +14,11 @@
 #include <torchloom/model_runner.hpp>
 #include <torchloom/model_spec.hpp>
 #include <torchloom/options.hpp>
+#include <torchloom/residency/mapped.hpp>
 #include <torchloom/residency/resident.hpp>
 #include <torchloom/residency/shared.hpp>
+#include <torchloom/residency/streamed.hpp>
+#include <torchloom/residency/weight_memory.hpp>
 #include <torchloom/signature.hpp>
 #include <torchloom/stream/adaptive.hpp>
 #include <torchloom/stream/caller.hpp>

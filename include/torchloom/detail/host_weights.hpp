@@ -1,0 +1,129 @@
+#pragma once
+//! Weights packed into one page-aligned host buffer, pinned for the GPU where asked: the
+//! host side of streamed_weights and mapped_weights.
+#include <torchloom/detail/config.hpp>
+#include <torchloom/detail/strings.hpp>
+#include <torchloom/detail/weight_graph.hpp>
+#include <torchloom/detail/weight_schedule.hpp>
+#include <torchloom/error.hpp>
+
+#include <ATen/ATen.h>
+
+#if TORCHLOOM_HAS_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace torchloom::detail {
+
+#if TORCHLOOM_HAS_CUDA
+//! Throws cuda_error naming `what` when `rc` is not cudaSuccess (and clears CUDA's sticky
+//! last error for it).
+inline void check_cuda(cudaError_t rc, const std::string& model, std::string_view what) {
+  if (rc == cudaSuccess) return;
+  (void)cudaGetLastError();
+  throw error(errc::cuda_error, model, concat(what, " failed: ", cudaGetErrorString(rc)));
+}
+#endif
+
+//! The weights' bytes in one host buffer.
+struct host_weights {
+  std::shared_ptr<std::byte> buffer;  //!< page-aligned; registered with CUDA when `pinned`
+  std::int64_t bytes = 0;
+  bool pinned = false;
+  std::vector<std::int64_t> offset;  //!< per weight, a multiple of weight_alignment
+  std::vector<std::int64_t> span;    //!< per weight: the bytes of its elements
+  std::vector<at::Tensor> views;     //!< per weight: a host tensor over its bytes
+
+  //! The device address of the buffer (pinned and mapped into the device address space).
+  void* device_pointer = nullptr;
+};
+
+//! Copies `weights` into one buffer, each at a multiple of weight_alignment, in the order
+//! `order` gives (indices into `weights`), keeping each weight's strides when it is dense
+//! (a contiguous copy otherwise). Repoints the module attributes that held them, and the
+//! weight_reads themselves, at the packed copies, so the originals are freed. `pin`: register
+//! the buffer with CUDA as pinned and mapped memory (cudaHostRegister).
+inline host_weights pack_host_weights(std::vector<weight_read>& weights,
+                                      const std::vector<std::size_t>& order, bool pin,
+                                      const std::string& model) {
+  host_weights h;
+  h.offset.assign(weights.size(), 0);
+  h.span.assign(weights.size(), 0);
+  std::vector<at::Tensor> dense(weights.size());
+  std::int64_t cursor = 0;
+  for (const std::size_t w : order) {
+    at::Tensor t = weights[w].tensor;
+    if (!t.is_non_overlapping_and_dense()) t = t.contiguous();
+    dense[w] = t;
+    h.offset[w] = cursor;
+    h.span[w] = static_cast<std::int64_t>(t.numel()) * static_cast<std::int64_t>(t.element_size());
+    cursor = align_up(cursor + std::max<std::int64_t>(h.span[w], 1), weight_alignment);
+  }
+  constexpr std::int64_t page = 4096;
+  h.bytes = align_up(std::max<std::int64_t>(cursor, 1), page);
+  void* raw = std::aligned_alloc(page, static_cast<std::size_t>(h.bytes));
+  if (raw == nullptr) {
+    throw error(errc::load_failed, model,
+                concat("cannot allocate ", h.bytes, " bytes of host memory for the weights"));
+  }
+  auto* base = static_cast<std::byte*>(raw);
+  for (const std::size_t w : order) {
+    if (h.span[w] > 0) {
+      std::memcpy(base + h.offset[w], dense[w].data_ptr(), static_cast<std::size_t>(h.span[w]));
+    }
+  }
+  bool registered = false;
+#if TORCHLOOM_HAS_CUDA
+  if (pin) {
+    const cudaError_t rc = cudaHostRegister(raw, static_cast<std::size_t>(h.bytes),
+                                            cudaHostRegisterMapped);
+    if (rc != cudaSuccess) std::free(raw);
+    check_cuda(rc, model, concat("cudaHostRegister of ", h.bytes, " bytes of weights"));
+    registered = true;
+    void* device = nullptr;
+    const cudaError_t mapped = cudaHostGetDevicePointer(&device, raw, 0);
+    if (mapped != cudaSuccess) {
+      (void)cudaHostUnregister(raw);
+      std::free(raw);
+    }
+    check_cuda(mapped, model, "cudaHostGetDevicePointer for the weights");
+    h.device_pointer = device;
+  }
+#else
+  if (pin) {
+    std::free(raw);
+    throw error(errc::unsupported, model,
+                "pinned host memory needs CUDA: this build has none (TORCHLOOM_HAS_CUDA)");
+  }
+#endif
+  h.pinned = registered;
+  h.buffer = std::shared_ptr<std::byte>(base, [registered](std::byte* p) {
+#if TORCHLOOM_HAS_CUDA
+    if (registered) (void)cudaHostUnregister(p);
+#else
+    (void)registered;
+#endif
+    std::free(p);
+  });
+  h.views.resize(weights.size());
+  for (const std::size_t w : order) {
+    const at::Tensor& t = dense[w];
+    h.views[w] = at::from_blob(
+        base + h.offset[w], t.sizes(), t.strides(), [keep = h.buffer](void*) {},
+        at::TensorOptions().dtype(t.scalar_type()).device(c10::kCPU));
+    for (const auto& [object, attr] : weights[w].owners) object->setAttr(attr, h.views[w]);
+    weights[w].tensor = h.views[w];
+  }
+  return h;
+}
+
+}  // namespace torchloom::detail

@@ -1,0 +1,124 @@
+#pragma once
+//! The arithmetic of streamed_weights, apart from torch and CUDA: where each fetch of a weight
+//! sits in the device arena, what its copy must wait for, and the smallest arena that works.
+//!
+//! A *position* is one fetch of one weight, in the order the forward pass runs them; the
+//! positions are the schedule. Position p's weight is in use until the host reaches the
+//! fetch `release[p]` (or the run's end, `release[p] == size`): by then every kernel that
+//! reads it has been enqueued, so an event recorded on the compute stream at that fetch
+//! tells the copy stream when the bytes may be overwritten.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+namespace torchloom::detail {
+
+//! Weights sit in the arena (and in pinned host memory) at multiples of this.
+inline constexpr std::int64_t weight_alignment = 256;
+
+constexpr std::int64_t align_up(std::int64_t n, std::int64_t a) noexcept {
+  return (n + a - 1) / a * a;
+}
+
+//! The schedule: per position, its weight's size in the arena and its release point.
+struct weight_schedule {
+  std::vector<std::int64_t> bytes;    //!< aligned, > 0
+  std::vector<std::size_t> release;   //!< > p; == size(): released at the end of the run
+
+  std::size_t size() const noexcept { return bytes.size(); }
+};
+
+//! Where each position is placed in an arena of `arena_bytes`, placed one after another and
+//! wrapping to the start when the next one does not fit before the end (a ring).
+struct arena_plan {
+  std::int64_t arena_bytes = 0;
+  std::vector<std::int64_t> offset;  //!< per position
+  //! Per position: the latest release point among the earlier positions of the same run
+  //! whose bytes it overwrites (its copy waits for the event recorded there), or -1.
+  std::vector<std::ptrdiff_t> wait_for;
+  //! Every position can be copied by the time it is fetched: its size fits the arena and
+  //! wait_for[p] <= p.
+  bool feasible = false;
+};
+
+//! Places the schedule in a ring of `arena_bytes`.
+inline arena_plan plan_arena(const weight_schedule& s, std::int64_t arena_bytes) {
+  arena_plan plan;
+  plan.arena_bytes = arena_bytes;
+  const std::size_t n = s.size();
+  plan.offset.resize(n);
+  plan.wait_for.assign(n, -1);
+  plan.feasible = true;
+  std::int64_t cursor = 0;
+  for (std::size_t x = 0; x < n; ++x) {
+    const std::int64_t size = s.bytes[x];
+    if (size > arena_bytes) {
+      plan.feasible = false;
+      return plan;
+    }
+    if (cursor + size > arena_bytes) cursor = 0;
+    plan.offset[x] = cursor;
+    cursor += size;
+    // The earlier positions whose bytes x overwrites. Only the latest occupant of each byte
+    // matters (an older one was released before that occupant's copy), and the latest ones
+    // lie within the last lap of the ring: stop after two laps' worth of bytes.
+    const std::int64_t lo = plan.offset[x];
+    const std::int64_t hi = lo + size;
+    std::int64_t scanned = 0;
+    for (std::size_t q = x; q-- > 0 && scanned < 2 * arena_bytes;) {
+      scanned += s.bytes[q];
+      const std::int64_t qlo = plan.offset[q];
+      if (qlo < hi && lo < qlo + s.bytes[q]) {
+        plan.wait_for[x] =
+            std::max(plan.wait_for[x], static_cast<std::ptrdiff_t>(s.release[q]));
+      }
+    }
+    if (plan.wait_for[x] > static_cast<std::ptrdiff_t>(x)) plan.feasible = false;
+  }
+  return plan;
+}
+
+//! The most bytes the schedule holds at once: at each fetch, the positions fetched before it
+//! and not yet released, and its own.
+inline std::int64_t live_bytes_bound(const weight_schedule& s) {
+  std::int64_t most = 0;
+  const std::size_t n = s.size();
+  // Difference array over fetch points: position q is live from q until release[q] - 1.
+  std::vector<std::int64_t> delta(n + 1, 0);
+  for (std::size_t q = 0; q < n; ++q) {
+    delta[q] += s.bytes[q];
+    delta[std::min(s.release[q], n)] -= s.bytes[q];
+  }
+  std::int64_t live = 0;
+  for (std::size_t p = 0; p < n; ++p) {
+    live += delta[p];
+    most = std::max(most, live);
+  }
+  return most;
+}
+
+//! The smallest arena (a multiple of `granularity`) in which the schedule is feasible; 0 for
+//! an empty schedule.
+inline std::int64_t minimum_arena(const weight_schedule& s,
+                                  std::int64_t granularity = weight_alignment) {
+  if (s.size() == 0) return 0;
+  const std::int64_t total = std::accumulate(s.bytes.begin(), s.bytes.end(), std::int64_t{0});
+  // Below the live bound nothing fits; at the total no two positions of a run share bytes.
+  std::int64_t lo = align_up(live_bytes_bound(s), granularity);
+  std::int64_t hi = align_up(total, granularity);
+  if (plan_arena(s, lo).feasible) return lo;
+  // Invariant: hi is feasible, lo is not.
+  while (hi - lo > granularity) {
+    const std::int64_t mid = lo + (hi - lo) / granularity / 2 * granularity;
+    if (plan_arena(s, mid).feasible) {
+      hi = mid;
+    } else {
+      lo = mid;
+    }
+  }
+  return hi;
+}
+
+}  // namespace torchloom::detail
