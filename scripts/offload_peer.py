@@ -213,7 +213,7 @@ def main(argv):
         torch, accelerate, missing = missing_requirements(context)
         if missing:
             result = error_entry(name, "; ".join(missing))
-            print(f"offload_peer.py: not measured: {result['error_message']}")
+            print(f"not measured: {result['error_message']}")
         else:
             result = entry(name, measure(torch, accelerate, args))
     except Exception as e:  # a real failure: reported in the JSON and the exit status
