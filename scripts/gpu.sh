@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Builds and runs everything on the GPU machine in one call: configure, build, the tests
-# (ctest, [cuda] tests included), then every bench/bm_* benchmark, then the report.
+# (ctest, [cuda] tests included), then every bench/bm_* benchmark and the Python peer of
+# bm_offload (scripts/offload_peer.py), then the report.
 #
 #   OUT=/some/dir bash scripts/gpu.sh        (from the repository root; OUT defaults to
 #                                             ./out-gpu)
 #
 # Everything goes to $OUT/gpu-log.txt; stdout stays short (machine, step times, test summary,
 # failures) and ends with the report's Markdown table. $OUT receives: gpu-log.txt,
-# bm_<name>.json per benchmark, report.md and latency.png (when matplotlib is installed).
+# bm_<name>.json per benchmark, bm_offload_peer.json, report.md, and latency.png and
+# offload.png (when matplotlib is installed).
 # The AOTInductor packages the tests and bm_aoti load are made by scripts/make_aoti_fixtures.py
 # into $BUILD/aoti_fixtures while the C++ builds.
 # Exit status: 1 when configure, build, the AOTI fixtures, a test or a benchmark failed. A test
@@ -21,7 +23,7 @@ OUT="$(cd "$OUT" && pwd)"
 LOG="$OUT/gpu-log.txt"
 : >"$LOG"
 # Results of an earlier run in the same directory must not reach this run's report.
-rm -f "$OUT"/bm_*.json "$OUT/report.md" "$OUT/latency.png"
+rm -f "$OUT"/bm_*.json "$OUT/report.md" "$OUT/latency.png" "$OUT/offload.png"
 BUILD=build-gpu
 JOBS=16
 # The caller's limit is 10 minutes; stop starting work well before it.
@@ -203,6 +205,28 @@ for exe in "$BUILD"/bench/bm_*; do
 done
 shopt -u nullglob
 if ((bench_total == 0)); then say "no benchmarks found in $BUILD/bench"; fi
+
+# The Python peer of bm_offload (T5): accelerate's cpu_offload on the same layers, into
+# bm_offload_peer.json beside bm_offload.json. A missing accelerate or CUDA is an entry the
+# report shows as skipped (status 0); a nonzero status is a failed benchmark.
+t=$(min 150 $(($(left) - 20)))
+if ((t < 60)); then
+  say "offload_peer.py: not run, $(left)s left (the report shows T5 as not measured)"
+else
+  bench_total=$((bench_total + 1))
+  began=$SECONDS
+  rc=0
+  run_logged "$SCRATCH/offload_peer.txt" timeout "$t" python3 scripts/offload_peer.py \
+    --out "$OUT/bm_offload_peer.json" || rc=$?
+  if ((rc == 0)); then
+    say "offload_peer.py: ok ($((SECONDS - began))s): $(tail -n 1 "$SCRATCH/offload_peer.txt" \
+      | cut -c1-300)"
+  else
+    bench_failed=$((bench_failed + 1))
+    say "offload_peer.py: FAILED (status $rc after $((SECONDS - began))s); last lines:"
+    tail -n 15 "$SCRATCH/offload_peer.txt" | cut -c1-200 | show 3000
+  fi
+fi
 
 # ---------------------------------------------------------------------------------------
 status=0

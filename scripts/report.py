@@ -16,8 +16,20 @@ over the repetitions, the ratio's min-max across them, and the verdict on the me
 Where such a table holds a target, the summary line counts that target from it, not from
 the separately run pairs (whose ratio drifts between runs by more than T1's 2%).
 
+bm_offload's benchmarks (BM_offload_limit, BM_offload/model:<m>/batch:<b>/variant:<v>,
+BM_offload_shared/runners:<n>) and the accelerate row of scripts/offload_peer.py report their
+figures as counters of a single run. They get the weight offload table, rows ordered by model,
+batch and variant, each row held to its targets: T4 (streamed, model large, smallest batch,
+>= 95% of the pinned H2D limit), T5 (accelerate / streamed >= 5x, same model and batch), T6
+(streamed / resident <= 1.05x at model large's largest batch), T7 (every streamed row: no
+budget violations, high water <= budget), T8 (streamed, model small_tensors, smallest batch,
+>= 90% of the limit); and the T9 table (device bytes of N runners sharing one model <= W +
+N*A). A streamed or mapped row whose output is not bitwise equal to resident's fails on its
+own line (counted as "bitwise"). A target with no row to judge is "not measured" (skipped).
+
 Prints the Markdown tables (last thing on stdout), writes DIR/report.md and, when matplotlib
-is installed, DIR/latency.png. Standard library only otherwise.
+is installed, DIR/latency.png and (with offload rows) DIR/offload.png. Standard library only
+otherwise.
 """
 
 import argparse
@@ -63,7 +75,17 @@ ISOLATION_SCENARIOS = (
 )
 ISOLATION_COUNTERS = ("p50_us", "p99_us", "calls", "alone_p99_us", "ratio_vs_alone",
                       "victim_sms", "cotenant_sms", "cotenant_tflops")
-ALL_COUNTERS = PAIRED_COUNTERS + STREAM_COUNTERS + ISOLATION_COUNTERS
+# bm_offload (T4-T9): BM_offload_limit (the pinned H2D limit), one BM_offload/model:<m>/
+# batch:<b>/variant:<v> per forward measured, BM_offload_shared/runners:<n> (T9); and the
+# accelerate row of its Python peer, scripts/offload_peer.py (T5).
+OFFLOAD_COUNTERS = ("gbps", "bytes", "ms_median", "ms_p99", "reps", "weight_bytes",
+                    "pct_of_limit", "bitwise_equal", "budget_bytes", "high_water_bytes",
+                    "violations", "limit_gbps", "matches_resident", "max_abs_diff",
+                    "activation_bytes", "device_bytes", "bound_bytes", "use_count")
+OFFLOAD_MODELS = ("large", "small_tensors")  # table order; T4 and T6 on large, T8 on the other
+OFFLOAD_VARIANTS = ("resident", "streamed", "mapped", "naive", "accelerate")
+MIB = float(1 << 20)
+ALL_COUNTERS = PAIRED_COUNTERS + STREAM_COUNTERS + ISOLATION_COUNTERS + OFFLOAD_COUNTERS
 
 
 class result:
@@ -204,13 +226,26 @@ def target_for(feature):
     return None, None
 
 
-def judge(tname, limit, ratio, verdicts):
-    """The verdict cell for `ratio` against target `tname` (none: "-"); records the verdict."""
+def judge(tname, limit, ratio, verdicts, at_least=False, unit="×"):
+    """The verdict cell for `ratio` against target `tname` (none: "-"): at most `limit`, or
+    with at_least at least `limit`, `unit` after it; records the verdict."""
     if tname is None:
         return "-"
-    ok = ratio <= limit
+    if at_least:
+        return check(tname, ratio >= limit, f"≥{limit:g}{unit}", verdicts)
+    return check(tname, ratio <= limit, f"≤{limit:g}{unit}", verdicts)
+
+
+def check(tname, ok, what, verdicts):
+    """The verdict cell "<tname> <what>: pass" (or FAIL); records the verdict."""
     verdicts.append((tname, "pass" if ok else "fail"))
-    return f"{tname} ≤{limit:g}×: {'pass' if ok else 'FAIL'}"
+    return f"{tname} {what}: {'pass' if ok else 'FAIL'}"
+
+
+def not_measured(tname, why, verdicts):
+    """The cell for a target without the figures to judge it; counted as skipped."""
+    verdicts.append((tname, "skipped"))
+    return f"{tname} not measured: {why}"
 
 
 def pair_rows(pairs):
@@ -342,6 +377,224 @@ def isolation_rows(other):
     return rows, verdicts, used
 
 
+def batch_of(r):
+    """A row's batch as a number, None when it has none."""
+    try:
+        return float(r.param("batch"))
+    except (TypeError, ValueError):
+        return None
+
+
+def rank(value, known):
+    """Position of value in the tuple `known`, unknown values after all of them."""
+    return known.index(value) if value in known else len(known)
+
+
+def offload_results(other):
+    """The bm_offload results among `other`: (BM_offload rows in table order, by model,
+    batch and variant; BM_offload_limit or None; BM_offload_shared rows)."""
+    runs = [r for r in other if r.base == "BM_offload"]
+    runs.sort(key=lambda r: (rank(r.param("model"), OFFLOAD_MODELS), r.param("model") or "",
+                             batch_of(r) is None, batch_of(r) or 0,
+                             rank(r.param("variant"), OFFLOAD_VARIANTS), r.param("variant") or ""))
+    limit = next((r for r in other if r.base == "BM_offload_limit"), None)
+    shared = [r for r in other if r.base == "BM_offload_shared"]
+    return runs, limit, shared
+
+
+def ms_of(r):
+    """A BM_offload row's median forward time in ms: its counter, else its real time."""
+    c = counter_set(r)
+    if "ms_median" in c:
+        return c["ms_median"]
+    return None if r.value() is None else r.value() / 1e3
+
+
+def fmt_mib(v):
+    """Bytes in MiB: whole MiB from 10 on, two decimals below."""
+    if v is None:
+        return "-"
+    return f"{v / MIB:.0f}" if v >= 10 * MIB else f"{v / MIB:.2f}"
+
+
+def offload_targets(r, runs):
+    """The targets a BM_offload row is held to. T4 and T8: streamed at the model's smallest
+    batch (transfer-bound); T6: streamed at model large's largest batch, when larger than the
+    smallest (compute-bound); T7: every streamed row; T5: the accelerate row."""
+    model, variant = r.param("model"), r.param("variant")
+    if variant == "accelerate":
+        return ["T5"]
+    if variant != "streamed":
+        return []
+    batches = sorted({batch_of(x) for x in runs
+                      if x.param("model") == model and batch_of(x) is not None})
+    targets = []
+    smallest = batches and batch_of(r) == batches[0]
+    if model == "large" and smallest:
+        targets.append("T4")
+    if model == "large" and len(batches) > 1 and batch_of(r) == batches[-1]:
+        targets.append("T6")
+    targets.append("T7")
+    if model == "small_tensors" and smallest:
+        targets.append("T8")
+    return targets
+
+
+def offload_verdict(tname, r, runs, verdicts):
+    """The verdict cell of target tname on BM_offload row r; records the verdict."""
+    c = counter_set(r)
+    if tname in ("T4", "T8"):
+        if "pct_of_limit" not in c:
+            return not_measured(tname, "no pct_of_limit counter", verdicts)
+        cell = judge(tname, 95 if tname == "T4" else 90, c["pct_of_limit"], verdicts,
+                     at_least=True, unit="% of limit")
+        budget, weights = c.get("budget_bytes"), c.get("weight_bytes")
+        if tname == "T4" and budget and weights is not None and weights < 4 * budget:
+            cell += " (weights < 4× budget: not T4's setting)"
+        return cell
+    if tname == "T7":
+        need = ("violations", "high_water_bytes", "budget_bytes")
+        if any(k not in c for k in need):
+            return not_measured(tname, "no " + " / ".join(k for k in need if k not in c),
+                                verdicts)
+        ok = c["violations"] == 0 and c["high_water_bytes"] <= c["budget_bytes"]
+        cell = check(tname, ok, "0 violations, high water ≤ budget", verdicts)
+        if not ok:
+            cell += (f" ({c['violations']:.0f} violations, high water "
+                     f"{fmt_mib(c['high_water_bytes'])} of {fmt_mib(c['budget_bytes'])} MiB)")
+        return cell
+    # T5: accelerate over streamed; T6: streamed over resident; same model and batch.
+    base_variant, limit, at_least = (("streamed", 5, True) if tname == "T5"
+                                     else ("resident", 1.05, False))
+    where = f"model {r.param('model')} batch {r.param('batch')}"
+    base = next((x for x in runs if x.param("variant") == base_variant
+                 and x.param("model") == r.param("model") and batch_of(x) == batch_of(r)),
+                None)
+    if base is None:
+        return not_measured(tname, f"no {base_variant} row at {where}", verdicts)
+    if base.error or not ms_of(base) or ms_of(r) is None:
+        return not_measured(tname, f"the {base_variant} row at {where} has no time", verdicts)
+    ratio = ms_of(r) / ms_of(base)
+    cell = judge(tname, limit, ratio, verdicts, at_least=at_least)
+    if tname == "T5":
+        return cell + f" (accelerate {ratio:.2f}× streamed)"
+    return cell + f" (streamed {ratio:.3f}× resident)"
+
+
+# Targets of the offload table, and what is missing when no row is held to them.
+OFFLOAD_MISSING = (
+    ("T4", "no streamed row of model large at its smallest batch"),
+    ("T5", "no accelerate row (scripts/offload_peer.py wrote none)"),
+    ("T6", "no streamed row of model large at a batch larger than the smallest"),
+    ("T7", "no streamed row"),
+    ("T8", "no streamed row of model small_tensors"),
+)
+
+
+def offload_rows(runs):
+    """T4-T8: a row per BM_offload run (the accelerate peer's included), the verdicts, and the
+    lines under the table: targets no row is held to, outputs that differ from resident."""
+    rows, verdicts, notes, held = [], [], [], set()
+    for r in runs:
+        model, batch, variant = (r.param("model") or "-", r.param("batch") or "-",
+                                 r.param("variant") or "-")
+        targets = offload_targets(r, runs)
+        held.update(targets)
+        checked = variant in ("streamed", "mapped")  # bitwise against resident, on its own
+        if r.error:
+            verdicts += [(t, "skipped") for t in targets + (["bitwise"] if checked else [])]
+            rows.append([model, batch, variant] + ["-"] * 6 + [f"skipped: {r.error}"])
+            continue
+        c = counter_set(r)
+        equal = c.get("matches_resident" if variant == "accelerate" else "bitwise_equal")
+        if checked:
+            what = f"{variant}, model {model}, batch {batch}"
+            if equal is None:
+                notes.append("- " + not_measured("bitwise", f"{what}: no bitwise_equal counter",
+                                                 verdicts))
+            else:
+                verdicts.append(("bitwise", "pass" if equal == 1 else "fail"))
+                if equal != 1:
+                    notes.append(f"- bitwise: **FAIL** {what}: outputs differ from resident")
+        cells = [offload_verdict(t, r, runs, verdicts) for t in targets]
+        budget = ("-" if "budget_bytes" not in c else
+                  f"{fmt_mib(c['budget_bytes'])} / {fmt_mib(c.get('high_water_bytes'))}")
+        rows.append([model, batch, variant, fmt_us(ms_of(r)), fmt_us(c.get("ms_p99")),
+                     "-" if "gbps" not in c else f"{c['gbps']:.1f}",
+                     "-" if "pct_of_limit" not in c else f"{c['pct_of_limit']:.1f}",
+                     budget, "-" if equal is None else "yes" if equal == 1 else "no",
+                     "; ".join(cells) or ("baseline" if variant == "resident" else "-")])
+    for tname, why in OFFLOAD_MISSING:
+        if tname not in held:
+            notes.append("- " + not_measured(tname, why, verdicts))
+    return rows, verdicts, notes
+
+
+def limit_line(limit, runs):
+    """What the offload table's % of limit is against."""
+    if limit is None:
+        line = "Pinned H2D limit: not measured (no BM_offload_limit row)."
+    elif limit.error:
+        line = f"Pinned H2D limit (BM_offload_limit): skipped: {limit.error}."
+    else:
+        c = counter_set(limit)
+        line = f"Pinned H2D limit (BM_offload_limit): {c.get('gbps', 0):.1f} GB/s"
+        if "bytes" in c and "reps" in c:
+            line += f", median of {c['reps']:.0f} copies of {fmt_mib(c['bytes'])} MiB"
+        line += "."
+    peer = [counter_set(r)["limit_gbps"] for r in runs
+            if not r.error and "limit_gbps" in counter_set(r)]
+    if peer:
+        line += (" The accelerate row's % is against the limit measured in its own process: "
+                 + ", ".join(f"{g:.1f}" for g in peer) + " GB/s.")
+    return line
+
+
+def shared_rows(shared):
+    """T9: device memory of N runners sharing one model against W + N·A."""
+    rows, verdicts = [], []
+    for r in shared:
+        n = r.param("runners") or "-"
+        if r.error:
+            rows.append([n] + ["-"] * 5 + [f"skipped: {r.error}"])
+            verdicts.append(("T9", "skipped"))
+            continue
+        c = counter_set(r)
+        need = ("weight_bytes", "activation_bytes", "device_bytes", "bound_bytes")
+        if any(k not in c for k in need):
+            target = not_measured("T9", "no " + " / ".join(k for k in need if k not in c),
+                                  verdicts)
+        else:
+            target = check("T9", c["device_bytes"] <= c["bound_bytes"], f"≤ W + {n}·A",
+                           verdicts)
+        rows.append([n, fmt_mib(c.get("weight_bytes")), fmt_mib(c.get("activation_bytes")),
+                     fmt_mib(c.get("device_bytes")), fmt_mib(c.get("bound_bytes")),
+                     "-" if "use_count" not in c else f"{c['use_count']:.0f}", target])
+    return rows, verdicts
+
+
+def offload_section(runs, limit, shared):
+    """The Markdown of the offload tables (T4-T9) and their verdicts."""
+    rows, verdicts, notes = offload_rows(runs)
+    srows, shared_verdicts = shared_rows(shared)
+    if not srows:
+        notes.append("- " + not_measured("T9", "no BM_offload_shared row", verdicts))
+    text = ("### Weight offload (bm_offload, PERF.md T4-T9)\n" + limit_line(limit, runs)
+            + " GB/s = weight bytes a forward reads / median time; budget / high water: "
+            "device memory for weights under streamed_weights; bitwise equal: the output "
+            "against the resident run's on the same input.\n\n"
+            + markdown(["model", "batch", "variant", "ms median", "ms p99", "GB/s",
+                        "% of limit", "budget / high water MiB", "bitwise equal", "target"],
+                       rows))
+    if srows:
+        text += ("\n\n### T9: runners sharing one model (BM_offload_shared; A per runner)\n"
+                 + markdown(["runners", "W MiB", "A MiB", "device MiB measured",
+                             "bound W + N·A MiB", "use_count", "target"], srows))
+    if notes:
+        text += "\n\n" + "\n".join(notes)
+    return text, verdicts + shared_verdicts
+
+
 def markdown(header, rows):
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
@@ -416,10 +669,41 @@ def plot(pairs, other, path):
     return True
 
 
+def plot_offload(runs, limit, path):
+    """A bar per measured offload row (resident reads no host memory: left out), its GB/s,
+    with the pinned H2D limit as a line."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    bars = [r for r in runs if not r.error and "gbps" in counter_set(r)
+            and r.param("variant") != "resident"]
+    if not bars:
+        return False
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(bars) + 2), 4.5))
+    ax.bar(range(len(bars)), [counter_set(r)["gbps"] for r in bars], 0.6)
+    ax.set_xticks(range(len(bars)))
+    ax.set_xticklabels(["\n".join(r.param(k) or "-" for k in ("model", "batch", "variant"))
+                        for r in bars], fontsize=7)
+    if limit is not None and not limit.error and "gbps" in counter_set(limit):
+        ax.axhline(counter_set(limit)["gbps"], color="red", linestyle="--",
+                   label="pinned H2D limit")
+        ax.legend(fontsize=8)
+    ax.set_ylabel("GB/s of weights (median forward)")
+    ax.set_title("weight offload")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+", help="Google Benchmark JSON output files")
-    ap.add_argument("--out", default=".", help="directory for report.md and latency.png")
+    ap.add_argument("--out", default=".",
+                    help="directory for report.md, latency.png and offload.png")
     args = ap.parse_args(argv)
 
     try:
@@ -448,8 +732,10 @@ def main(argv):
                         "ratio median (min–max)", "target"], qrows))
     srows, stream_verdicts, used_s = stream_rows(other)
     irows, isolation_verdicts, used_i = isolation_rows(other)
+    runs, limit, shared = offload_results(other)
+    used_o = {r.base for r in runs + shared + ([limit] if limit else [])}
     verdicts = verdicts + stream_verdicts + isolation_verdicts
-    other = [r for r in other if r.base not in used_s | used_i]
+    other = [r for r in other if r.base not in used_s | used_i | used_o]
     if srows:
         tables.append("### T2: stream policies, per call (bm_streams; delta = policy − "
                       "caller_stream in the same repetition)\n" + markdown(
@@ -459,6 +745,10 @@ def main(argv):
         tables.append("### T3: victim latency under a saturating co-tenant (bm_isolation)\n"
                       + markdown(["scenario", "SMs victim / co-tenant", "p50 µs", "p99 µs",
                                   "alone p99 µs", "p99 / alone", "calls", "target"], irows))
+    if used_o:
+        text, offload_verdicts = offload_section(runs, limit, shared)
+        tables.append(text)
+        verdicts = verdicts + offload_verdicts
     orows = other_rows(other)
     if orows:
         tables.append(markdown(["benchmark", "params", "median µs", "p99 µs", "note"], orows))
@@ -476,6 +766,7 @@ def main(argv):
     os.makedirs(args.out, exist_ok=True)
     png = os.path.join(args.out, "latency.png")
     plotted = plot(pairs, other, png)
+    plotted_offload = plot_offload(runs, limit, os.path.join(args.out, "offload.png"))
     with open(os.path.join(args.out, "report.md"), "w", encoding="utf-8") as f:
         f.write("# torchloom benchmark report\n\n")
         f.write(f"Machine: {machine}.  \nFiles: "
@@ -486,6 +777,8 @@ def main(argv):
         f.write("\n\n".join(tables) + "\n")
         if plotted:
             f.write("\n![latency](latency.png)\n")
+        if plotted_offload:
+            f.write("\n![offload GB/s](offload.png)\n")
 
     print(f"## torchloom benchmarks ({machine})")
     print(head)
