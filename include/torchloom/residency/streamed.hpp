@@ -224,7 +224,7 @@ class weight_stream final : public weight_source {
     m.budget_bytes = budget_;
     m.host_bytes = host_.pinned ? host_.bytes : 0;
     m.budget_violations = violations_;
-    m.copied_bytes = copied_;
+    m.copied_bytes = copied_total_;
     return m;
   }
 
@@ -314,7 +314,7 @@ class weight_stream final : public weight_source {
     // The last position's padding is not copied: the host buffer may end before it.
     const std::int64_t last_span = host_.span[position_weight_[y]];
     const std::int64_t length = bytes - schedule_.bytes[y] + last_span;
-    copied_bytes_add(length);
+    copied_total_ += length;
     const auto* src = host_.buffer.get() + host_offset_[x];
     auto* dst = static_cast<std::byte*>(arena_.data_ptr()) + plan_.offset[x];
     if (length <= 0) return;
@@ -342,8 +342,6 @@ class weight_stream final : public weight_source {
     (void)wait;
 #endif
   }
-
-  void copied_bytes_add(std::int64_t n) noexcept { copied_ += n; }
 
   // Waits for the device work that uses the arena and the host buffer, before they go.
   void drain() noexcept {
@@ -386,7 +384,7 @@ class weight_stream final : public weight_source {
   // Since load.
   std::int64_t high_water_ = 0;
   std::int64_t violations_ = 0;
-  std::int64_t copied_ = 0;
+  std::int64_t copied_total_ = 0;
 
 #if TORCHLOOM_HAS_CUDA
   cudaStream_t copy_ = nullptr;

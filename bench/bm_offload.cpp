@@ -1,0 +1,384 @@
+// T4-T9 (PERF.md): weights that do not fit the device budget, streamed from pinned host
+// memory, against the ceiling and the alternatives, all in one process on cuda:0:
+//  - BM_offload_limit: pinned host-to-device bandwidth, one 1 GiB copy (the ceiling);
+//  - BM_offload/model:large: 16 bias-free linear layers of 8192 x 8192 bf16 (128 MiB each,
+//    2 GiB), y = x W_i^T in sequence, at batch 16 (transfer-bound) and 16384 (compute-bound):
+//    resident_weights, streamed_weights (budget 512 MiB: a quarter of the weights, prefetch
+//    depth 2), mapped_weights (zero-copy; batch 16 only: a large product re-reads every
+//    weight over the bus many times), and a naive loop that copies each layer's weight from
+//    pageable memory with a synchronous .to() before its product (batch 16 only);
+//  - BM_offload/model:small_tensors: 16 layers that each concatenate 64 tensors of 64 x 4096
+//    bf16 (512 KiB each; 32 MiB a layer, 512 MiB in all) and apply the result, budget 128 MiB
+//    (T8: small weights must still move near the ceiling);
+//  - BM_offload_shared/runners:8: eight shared_weights runners of the large model (T9).
+// Each forward is timed with CUDA events on the caller's stream (30 after 3 warm-up ones);
+// the median is the benchmark's manual time, and median, p99, GB/s (weight bytes read per
+// forward / median), % of the ceiling and the budget checks are user counters for
+// scripts/report.py. Every variant's output is compared bitwise with the resident run's on
+// the same input first. Without CUDA every benchmark reports an error and the program exits 0.
+#include <torchloom/detail/config.hpp>
+#include <torchloom/torchloom.hpp>
+
+#include <benchmark/benchmark.h>
+#include <torch/cuda.h>
+#include <torch/script.h>
+
+#if TORCHLOOM_HAS_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+#endif
+
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+#if TORCHLOOM_HAS_CUDA
+
+constexpr int warmup = 3;
+constexpr int reps = 30;
+constexpr std::int64_t mib = std::int64_t{1} << 20;
+
+template <class Residency>
+using runner_type = torchloom::model_runner<torchloom::torchscript_loader, torchloom::no_hook,
+                                            torchloom::caller_stream, Residency>;
+
+void check_cuda(cudaError_t rc, const char* what) {
+  if (rc != cudaSuccess) {
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(rc));
+  }
+}
+
+struct timing {
+  double median_ms = 0;
+  double p99_ms = 0;
+};
+
+// Times `forward` with CUDA events on the current stream: `warmup` untimed calls, then `reps`.
+timing time_forward(const std::function<void()>& forward) {
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(0).stream();
+  cudaEvent_t start = nullptr;
+  cudaEvent_t stop = nullptr;
+  check_cuda(cudaEventCreate(&start), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
+  std::vector<double> ms;
+  for (int i = 0; i < warmup + reps; ++i) {
+    check_cuda(cudaEventRecord(start, stream), "cudaEventRecord");
+    forward();
+    check_cuda(cudaEventRecord(stop, stream), "cudaEventRecord");
+    check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float elapsed = 0;
+    check_cuda(cudaEventElapsedTime(&elapsed, start, stop), "cudaEventElapsedTime");
+    if (i >= warmup) ms.push_back(elapsed);
+  }
+  (void)cudaEventDestroy(start);
+  (void)cudaEventDestroy(stop);
+  std::sort(ms.begin(), ms.end());
+  const auto rank = [&](double q) {  // nearest rank
+    const auto i = static_cast<std::size_t>(std::ceil(q * static_cast<double>(ms.size())));
+    return ms[std::min(ms.size(), std::max<std::size_t>(i, 1)) - 1];
+  };
+  return {rank(0.5), rank(0.99)};
+}
+
+// A directory removed with its contents at exit (nftw: see tests/support/fixtures.hpp).
+struct scratch_dir {
+  std::filesystem::path path;
+  scratch_dir() {
+    std::string t = (std::filesystem::temp_directory_path() / "bm_offload-XXXXXX").string();
+    if (::mkdtemp(t.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path = t;
+  }
+  scratch_dir(const scratch_dir&) = delete;
+  scratch_dir& operator=(const scratch_dir&) = delete;
+  ~scratch_dir() {
+    ::nftw(
+        path.c_str(),
+        [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
+        FTW_DEPTH | FTW_PHYS);
+  }
+};
+
+// Random bf16 weights made on the GPU (fast) and kept on the host, scaled so activations
+// stay in range through the stack.
+at::Tensor random_weight(std::int64_t rows, std::int64_t cols, std::int64_t fan_in) {
+  const auto opts = torch::TensorOptions().device(torch::kCUDA, 0).dtype(torch::kBFloat16);
+  return (torch::randn({rows, cols}, opts) / std::sqrt(static_cast<double>(fan_in))).cpu();
+}
+
+// One model on disk, its host weights for the naive loop, and its runners.
+struct offload_model {
+  std::string name;
+  std::filesystem::path dir;
+  std::int64_t width = 0;
+  std::int64_t weight_bytes = 0;
+  std::int64_t budget_mb = 0;
+  std::vector<std::vector<at::Tensor>> layers;  // host (pageable) weights per layer
+  std::unique_ptr<runner_type<torchloom::resident_weights>> resident;
+  std::unique_ptr<runner_type<torchloom::streamed_weights>> streamed;
+  std::unique_ptr<runner_type<torchloom::mapped_weights>> mapped;
+
+  torchloom::model_spec spec() const { return torchloom::model_spec::from_directory(dir); }
+};
+
+// layers x (pieces tensors of rows x width), a layer applying their concatenation (pieces x
+// rows must equal width): y = x cat(W)^T.
+std::unique_ptr<offload_model> make_model(const std::filesystem::path& root, std::string name,
+                                          int layer_count, int pieces, std::int64_t width,
+                                          std::int64_t budget_mb) {
+  auto m = std::make_unique<offload_model>();
+  m->name = std::move(name);
+  m->dir = root / m->name;
+  m->width = width;
+  m->budget_mb = budget_mb;
+  const std::int64_t rows = width / pieces;
+  torch::jit::Module top("offload_" + m->name);
+  std::string code = "def forward(self, x):\n";
+  for (int l = 0; l < layer_count; ++l) {
+    torch::jit::Module layer("layer");
+    std::vector<at::Tensor> weights;
+    std::string list;
+    for (int p = 0; p < pieces; ++p) {
+      weights.push_back(random_weight(rows, width, width));
+      const std::string attr = pieces == 1 ? "weight" : "w" + std::to_string(p);
+      layer.register_parameter(attr, weights.back(), false);
+      list += (p == 0 ? "self." : ", self.") + attr;
+      m->weight_bytes += static_cast<std::int64_t>(weights.back().nbytes());
+    }
+    layer.define(pieces == 1 ? "def forward(self, x):\n    return torch.linear(x, self.weight)\n"
+                             : "def forward(self, x):\n    return torch.linear(x, torch.cat([" +
+                                   list + "], 0))\n");
+    top.register_module("l" + std::to_string(l), layer);
+    code += "    x = self.l" + std::to_string(l) + ".forward(x)\n";
+    m->layers.push_back(std::move(weights));
+  }
+  code += "    return x\n";
+  top.define(code);
+  std::filesystem::create_directories(m->dir / "1");
+  top.save((m->dir / "1" / "model.pt").string());
+  const c10::Device gpu(c10::kCUDA, 0);
+  auto streamed_spec = m->spec();
+  streamed_spec.set("WEIGHT_OFFLOAD_BUDGET_MB", std::to_string(budget_mb));
+  streamed_spec.set("WEIGHT_OFFLOAD_PREFETCH_DEPTH", "2");
+  m->resident = std::make_unique<runner_type<torchloom::resident_weights>>(m->spec(), gpu);
+  m->streamed = std::make_unique<runner_type<torchloom::streamed_weights>>(streamed_spec, gpu);
+  m->mapped = std::make_unique<runner_type<torchloom::mapped_weights>>(m->spec(), gpu);
+  return m;
+}
+
+double measure_limit_gbps() {
+  const std::int64_t bytes = 1024 * mib;
+  auto host = torch::empty({bytes}, torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(true));
+  host.fill_(1);
+  auto device = torch::empty({bytes}, torch::TensorOptions().dtype(torch::kUInt8).device(torch::kCUDA, 0));
+  const auto t = time_forward([&] { device.copy_(host, /*non_blocking=*/true); });
+  return static_cast<double>(bytes) / (t.median_ms * 1e-3) / 1e9;
+}
+
+// Everything the benchmarks share, built on first use and destroyed by main() before exit.
+struct fixture {
+  scratch_dir dir;
+  double limit_gbps = 0;
+  std::unique_ptr<offload_model> large;
+  std::unique_ptr<offload_model> small;
+
+  static std::unique_ptr<fixture>& instance() {
+    static std::unique_ptr<fixture> f;
+    return f;
+  }
+  static fixture& get() {
+    auto& f = instance();
+    if (!f) {
+      f = std::make_unique<fixture>();
+      f->limit_gbps = measure_limit_gbps();
+      f->large = make_model(f->dir.path, "large", 16, 1, 8192, 512);
+      f->small = make_model(f->dir.path, "small_tensors", 16, 64, 4096, 128);
+    }
+    return *f;
+  }
+};
+
+at::Tensor input(const offload_model& m, std::int64_t batch) {
+  torch::manual_seed(batch);
+  return torch::randn({batch, m.width},
+                      torch::TensorOptions().device(torch::kCUDA, 0).dtype(torch::kBFloat16));
+}
+
+void report(benchmark::State& state, const timing& t, const offload_model& m, double limit,
+            bool equal) {
+  state.SetIterationTime(t.median_ms * 1e-3);
+  const double gbps = static_cast<double>(m.weight_bytes) / (t.median_ms * 1e-3) / 1e9;
+  state.counters["ms_median"] = t.median_ms;
+  state.counters["ms_p99"] = t.p99_ms;
+  state.counters["reps"] = reps;
+  state.counters["weight_bytes"] = static_cast<double>(m.weight_bytes);
+  state.counters["gbps"] = gbps;
+  state.counters["pct_of_limit"] = 100.0 * gbps / limit;
+  state.counters["bitwise_equal"] = equal ? 1 : 0;
+}
+
+enum class variant { resident, streamed, mapped, naive };
+
+void BM_offload(benchmark::State& state, bool large_model, std::int64_t batch, variant v) {
+  try {
+    auto& f = fixture::get();
+    const offload_model& m = large_model ? *f.large : *f.small;
+    const at::Tensor x = input(m, batch);
+    const at::Tensor want = m.resident->run({x})[0];
+    std::function<at::Tensor()> forward;
+    switch (v) {
+      case variant::resident:
+        forward = [&] { return m.resident->run({x})[0]; };
+        break;
+      case variant::streamed:
+        forward = [&] { return m.streamed->run({x})[0]; };
+        break;
+      case variant::mapped:
+        forward = [&] { return m.mapped->run({x})[0]; };
+        break;
+      case variant::naive:
+        forward = [&] {
+          at::Tensor y = x;
+          for (const auto& weights : m.layers) {
+            std::vector<at::Tensor> on_device;
+            for (const auto& w : weights) on_device.push_back(w.to(x.device()));
+            y = at::linear(y, on_device.size() == 1 ? on_device[0] : at::cat(on_device, 0));
+          }
+          return y;
+        };
+        break;
+    }
+    const bool equal = torch::equal(forward(), want);
+    for (auto _ : state) {
+      const timing t = time_forward([&] { (void)forward(); });
+      report(state, t, m, f.limit_gbps, equal);
+    }
+    if (v == variant::streamed) {
+      const auto mem = m.streamed->memory();
+      state.counters["budget_bytes"] = static_cast<double>(mem.budget_bytes);
+      state.counters["high_water_bytes"] = static_cast<double>(mem.high_water_bytes);
+      state.counters["violations"] = static_cast<double>(mem.budget_violations);
+    }
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+void BM_offload_limit(benchmark::State& state) {
+  try {
+    auto& f = fixture::get();
+    for (auto _ : state) state.SetIterationTime(1024.0 * mib / (f.limit_gbps * 1e9));
+    state.counters["gbps"] = f.limit_gbps;
+    state.counters["bytes"] = static_cast<double>(1024 * mib);
+    state.counters["ms_median"] = 1024.0 * mib / (f.limit_gbps * 1e9) * 1e3;
+    state.counters["reps"] = reps;
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+// T9: eight shared runners of the large model hold one copy of its weights. A, the memory a
+// run needs besides the weights, is measured on the resident runner; the eight runners are
+// then built, run once each (outputs kept), and the allocator's peak over that is compared
+// with W + 8 A.
+void BM_offload_shared(benchmark::State& state) {
+  try {
+    auto& f = fixture::get();
+    const offload_model& m = *f.large;
+    const at::Tensor x = input(m, 16);
+    namespace alloc = c10::cuda::CUDACachingAllocator;
+    const auto current = [] { return alloc::getDeviceStats(0).allocated_bytes[0].current; };
+    const auto peak = [] { return alloc::getDeviceStats(0).allocated_bytes[0].peak; };
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    alloc::resetPeakStats(0);
+    const auto before_run = current();
+    (void)m.resident->run({x});
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    const std::int64_t activation = peak() - before_run;
+    const std::int64_t weights = m.resident->memory().device_bytes;
+    for (auto _ : state) {
+      alloc::resetPeakStats(0);
+      const auto before = current();
+      std::vector<std::unique_ptr<runner_type<torchloom::shared_weights>>> runners;
+      std::vector<at::Tensor> outputs;
+      for (int i = 0; i < 8; ++i) {
+        runners.push_back(std::make_unique<runner_type<torchloom::shared_weights>>(
+            m.spec(), c10::Device(c10::kCUDA, 0)));
+        outputs.push_back(runners.back()->run({x})[0]);
+      }
+      check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+      const std::int64_t used = peak() - before;
+      state.SetIterationTime(1e-3);
+      state.counters["weight_bytes"] = static_cast<double>(weights);
+      state.counters["activation_bytes"] = static_cast<double>(activation);
+      state.counters["device_bytes"] = static_cast<double>(used);
+      state.counters["bound_bytes"] = static_cast<double>(weights + 8 * activation);
+      state.counters["use_count"] = static_cast<double>(runners.front()->memory().device_bytes == weights ? 8 : 0);
+    }
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+void register_all() {
+  const auto add = [](const std::string& name, auto fn) {
+    benchmark::RegisterBenchmark(name.c_str(), fn)->Iterations(1)->UseManualTime()->Unit(
+        benchmark::kMillisecond);
+  };
+  add("BM_offload_limit", BM_offload_limit);
+  struct row {
+    const char* name;
+    variant v;
+  };
+  for (const row r : {row{"resident", variant::resident}, row{"streamed", variant::streamed},
+                      row{"mapped", variant::mapped}, row{"naive", variant::naive}}) {
+    add(std::string("BM_offload/model:large/batch:16/variant:") + r.name,
+        [v = r.v](benchmark::State& s) { BM_offload(s, true, 16, v); });
+    add(std::string("BM_offload/model:small_tensors/batch:16/variant:") + r.name,
+        [v = r.v](benchmark::State& s) { BM_offload(s, false, 16, v); });
+  }
+  for (const row r : {row{"resident", variant::resident}, row{"streamed", variant::streamed}}) {
+    add(std::string("BM_offload/model:large/batch:16384/variant:") + r.name,
+        [v = r.v](benchmark::State& s) { BM_offload(s, true, 16384, v); });
+  }
+  add("BM_offload_shared/runners:8", BM_offload_shared);
+}
+
+#else
+
+void register_all() {
+  benchmark::RegisterBenchmark("BM_offload_limit", [](benchmark::State& state) {
+    for (auto _ : state) {
+    }
+    state.SkipWithError("bm_offload needs CUDA (TORCHLOOM_HAS_CUDA)");
+  });
+}
+
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+#if TORCHLOOM_HAS_CUDA
+  fixture::instance().reset();  // before CUDA's own teardown at exit
+#endif
+  benchmark::Shutdown();
+  return 0;
+}
