@@ -11,7 +11,8 @@
 //    bf16 (512 KiB each; 32 MiB a layer, 512 MiB in all) and apply the result, budget 128 MiB
 //    (T8: small weights must still move near the ceiling);
 //  - BM_offload_shared/runners:8: eight shared_weights runners of the large model (T9).
-// Each forward is timed with CUDA events on the caller's stream (30 after 3 warm-up ones);
+// Each forward is timed with CUDA events on the caller's stream (30 after 3 warm-up ones;
+// streamed at the large batch in blocks alternating with resident, resident_ms_paired);
 // the median is the benchmark's manual time, and median, p99, GB/s (weight bytes read per
 // forward / median), % of the ceiling and the budget checks are user counters for
 // scripts/report.py. Every variant's output is compared bitwise with the resident run's on
@@ -67,6 +68,16 @@ struct timing {
   double p99_ms = 0;
 };
 
+// Median and p99 (nearest rank) of samples in ms.
+timing summarise(std::vector<double> ms) {
+  std::sort(ms.begin(), ms.end());
+  const auto rank = [&](double q) {
+    const auto i = static_cast<std::size_t>(std::ceil(q * static_cast<double>(ms.size())));
+    return ms[std::min(ms.size(), std::max<std::size_t>(i, 1)) - 1];
+  };
+  return {rank(0.5), rank(0.99)};
+}
+
 // Times `forward` with CUDA events on the current stream: `warmup` untimed calls, then `reps`.
 timing time_forward(const std::function<void()>& forward) {
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(0).stream();
@@ -86,12 +97,48 @@ timing time_forward(const std::function<void()>& forward) {
   }
   (void)cudaEventDestroy(start);
   (void)cudaEventDestroy(stop);
-  std::sort(ms.begin(), ms.end());
-  const auto rank = [&](double q) {  // nearest rank
-    const auto i = static_cast<std::size_t>(std::ceil(q * static_cast<double>(ms.size())));
-    return ms[std::min(ms.size(), std::max<std::size_t>(i, 1)) - 1];
+  return summarise(ms);
+}
+
+// T6's pair: blocks of `block` forwards of `a`, then of `b`, until each has `reps` timed ones;
+// the first forward of each block is not timed, so each side is measured back to back (its
+// steady state) while both share the device's drift (clocks, temperature).
+std::pair<timing, timing> time_paired(const std::function<void()>& a,
+                                      const std::function<void()>& b) {
+  constexpr int block = 6;
+  std::vector<double> ta;
+  std::vector<double> tb;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(0).stream();
+  cudaEvent_t start = nullptr;
+  cudaEvent_t stop = nullptr;
+  check_cuda(cudaEventCreate(&start), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
+  const auto once = [&](const std::function<void()>& f) {
+    check_cuda(cudaEventRecord(start, stream), "cudaEventRecord");
+    f();
+    check_cuda(cudaEventRecord(stop, stream), "cudaEventRecord");
+    check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float elapsed = 0;
+    check_cuda(cudaEventElapsedTime(&elapsed, start, stop), "cudaEventElapsedTime");
+    return static_cast<double>(elapsed);
   };
-  return {rank(0.5), rank(0.99)};
+  for (int i = 0; i < warmup; ++i) {
+    once(a);
+    once(b);
+  }
+  while (static_cast<int>(ta.size()) < reps) {
+    for (int i = 0; i < block; ++i) {
+      const double t = once(a);
+      if (i > 0) ta.push_back(t);
+    }
+    for (int i = 0; i < block; ++i) {
+      const double t = once(b);
+      if (i > 0) tb.push_back(t);
+    }
+  }
+  (void)cudaEventDestroy(start);
+  (void)cudaEventDestroy(stop);
+  return {summarise(ta), summarise(tb)};
 }
 
 // A directory removed with its contents at exit (nftw: see tests/support/fixtures.hpp).
@@ -262,9 +309,18 @@ void BM_offload(benchmark::State& state, bool large_model, std::int64_t batch, v
         break;
     }
     const bool equal = torch::equal(forward(), want);
+    // T6 (streamed against resident when compute-bound) is a ratio of two long runs: timed
+    // in alternating blocks so that both see the same clocks.
+    const bool paired = v == variant::streamed && batch > 16;
     for (auto _ : state) {
-      const timing t = time_forward([&] { (void)forward(); });
-      report(state, t, m, f.limit_gbps, equal);
+      if (paired) {
+        const auto [t, resident] = time_paired([&] { (void)forward(); },
+                                               [&] { (void)m.resident->run({x}); });
+        report(state, t, m, f.limit_gbps, equal);
+        state.counters["resident_ms_paired"] = resident.median_ms;
+      } else {
+        report(state, time_forward([&] { (void)forward(); }), m, f.limit_gbps, equal);
+      }
     }
     if (v == variant::streamed) {
       const auto mem = m.streamed->memory();

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 namespace torchloom::detail {
@@ -38,6 +39,9 @@ struct arena_plan {
   //! Per position: the latest release point among the earlier positions of the same run
   //! whose bytes it overwrites (its copy waits for the event recorded there), or -1.
   std::vector<std::ptrdiff_t> wait_for;
+  //! Per position: the same for the previous run's positions whose bytes it overwrites (the
+  //! schedule repeats run after run; size() stands for the previous run's end), or -1.
+  std::vector<std::ptrdiff_t> cross_wait;
   //! Every position can be copied by the time it is fetched: its size fits the arena and
   //! wait_for[p] <= p.
   bool feasible = false;
@@ -50,6 +54,7 @@ inline arena_plan plan_arena(const weight_schedule& s, std::int64_t arena_bytes)
   const std::size_t n = s.size();
   plan.offset.resize(n);
   plan.wait_for.assign(n, -1);
+  plan.cross_wait.assign(n, -1);
   plan.feasible = true;
   std::int64_t cursor = 0;
   for (std::size_t x = 0; x < n; ++x) {
@@ -61,19 +66,35 @@ inline arena_plan plan_arena(const weight_schedule& s, std::int64_t arena_bytes)
     if (cursor + size > arena_bytes) cursor = 0;
     plan.offset[x] = cursor;
     cursor += size;
-    // The earlier positions whose bytes x overwrites. Only the latest occupant of each byte
-    // matters (an older one was released before that occupant's copy), and the latest ones
-    // lie within the last lap of the ring: stop after two laps' worth of bytes.
-    const std::int64_t lo = plan.offset[x];
-    const std::int64_t hi = lo + size;
-    std::int64_t scanned = 0;
-    for (std::size_t q = x; q-- > 0 && scanned < 2 * arena_bytes;) {
-      scanned += s.bytes[q];
+  }
+  using interval = std::pair<std::int64_t, std::int64_t>;
+  std::vector<interval> open;
+  std::vector<interval> still_open;
+  for (std::size_t x = 0; x < n; ++x) {
+    // The positions whose bytes x overwrites: for each byte, its latest occupant (an older
+    // one was released before that occupant's copy). Walk back through this run and then the
+    // previous one until every byte of x has been found occupied or the walk is back at x.
+    open.assign(1, {plan.offset[x], plan.offset[x] + s.bytes[x]});
+    for (std::size_t k = 1; k <= n && !open.empty(); ++k) {
+      const bool same_run = k <= x;
+      const std::size_t q = same_run ? x - k : n + x - k;
       const std::int64_t qlo = plan.offset[q];
-      if (qlo < hi && lo < qlo + s.bytes[q]) {
-        plan.wait_for[x] =
-            std::max(plan.wait_for[x], static_cast<std::ptrdiff_t>(s.release[q]));
+      const std::int64_t qhi = qlo + s.bytes[q];
+      bool occupies = false;
+      still_open.clear();
+      for (const auto& [lo, hi] : open) {
+        if (qhi <= lo || hi <= qlo) {
+          still_open.emplace_back(lo, hi);
+          continue;
+        }
+        occupies = true;
+        if (lo < qlo) still_open.emplace_back(lo, qlo);
+        if (qhi < hi) still_open.emplace_back(qhi, hi);
       }
+      open.swap(still_open);
+      if (!occupies) continue;
+      auto& wait = same_run ? plan.wait_for[x] : plan.cross_wait[x];
+      wait = std::max(wait, static_cast<std::ptrdiff_t>(s.release[q]));
     }
     if (plan.wait_for[x] > static_cast<std::ptrdiff_t>(x)) plan.feasible = false;
   }

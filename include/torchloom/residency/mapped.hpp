@@ -102,7 +102,9 @@ class weight_map final : public weight_source {
 //! over and runs far slower than with the weights on the device.
 //!
 //! TorchScript models, through the same graph pass as streamed_weights (weight reads become
-//! fetches); a fetch costs no device work. run() may be called from several threads at once.
+//! fetches); a fetch costs no device work. Like streamed_weights, the forward runs without
+//! the graph executor's optimisation passes (they would fold weights into constants on the
+//! device). run() may be called from several threads at once.
 //! On a CPU device the weights stay where they are packed.
 struct mapped_weights {
   template <class Loader>
@@ -126,12 +128,16 @@ struct mapped_weights {
           detail::rewrite_weight_reads(model_.module, *map_, ctx.spec.name);
       const auto& budget = ctx.spec.options.weight_offload_budget_mb;
       map_->prepare(rewrite, budget ? *budget * (std::int64_t{1} << 20) : 0);
+      model_.optimized_execution = false;
     }
 
     const typename Loader::model_type& model() const noexcept { return model_; }
 
     template <class Body>
     c10::IValue execute(Body&& body) {
+      // The optimisation passes would fold a fetch and what is computed from the weight
+      // alone (a concatenation of weights) into a constant held on the device.
+      torch::jit::GraphOptimizerEnabledGuard no_optimization(false);
       return std::forward<Body>(body)(model_);
     }
 

@@ -160,9 +160,12 @@ class weight_stream final : public weight_source {
       while (e + 1 < n && prefix_[e + 1] - prefix_[h + 1] < granule) ++e;
       granule_end_[h] = e;
     }
+    while (granule_start_ + 1 < n && prefix_[granule_start_ + 1] < granule) ++granule_start_;
     records_.assign(n, false);
-    for (const auto w : plan_.wait_for) {
-      if (w >= 0 && static_cast<std::size_t>(w) < n) records_[static_cast<std::size_t>(w)] = true;
+    for (const auto& waits : {plan_.wait_for, plan_.cross_wait}) {
+      for (const auto w : waits) {
+        if (w >= 0 && static_cast<std::size_t>(w) < n) records_[static_cast<std::size_t>(w)] = true;
+      }
     }
     chunk_of_.assign(n, 0);
     allocate_arena(rewrite);
@@ -182,7 +185,7 @@ class weight_stream final : public weight_source {
 #endif
     }
     release_up_to(h);
-    issue(h);
+    issue(static_cast<std::ptrdiff_t>(h));
     if (device_.is_cuda()) {
 #if TORCHLOOM_HAS_CUDA
       if (!waited_ || chunk_of_[h] != waited_chunk_) {
@@ -200,21 +203,36 @@ class weight_stream final : public weight_source {
   //! Before a run's first fetch.
   void begin_run() noexcept {
     next_ = 0;
-    frontier_ = 0;
-    copy_waited_ = -1;
     waited_ = false;
-    live_.clear();
-    live_bytes_ = 0;
   }
 
   //! After a run, also one that failed: orders the next run's copies after this run's work.
+  //! After a complete run, starts the next run's first copies (those whose bytes this run's
+  //! kernels are done with, or will be by the events they wait for), so that they overlap
+  //! this run's last kernels.
   void end_run() noexcept {
+    const bool complete = next_ == views_.size();
 #if TORCHLOOM_HAS_CUDA
     if (device_.is_cuda() && next_ > 0) {
       (void)cudaEventRecord(end_.get(), compute_);
       ended_ = true;
     }
 #endif
+    previous_complete_ = complete;
+    frontier_ = 0;
+    copy_waited_ = -1;
+    end_waited_ = false;
+    live_.clear();
+    live_bytes_ = 0;
+    if (!complete || views_.empty()) return;
+    try {
+      issue(-1);
+    } catch (const error&) {
+      // A failed copy call: the next run's fetches start them again and report it.
+      frontier_ = 0;
+      live_.clear();
+      live_bytes_ = 0;
+    }
   }
 
   weight_memory memory() const noexcept {
@@ -269,33 +287,41 @@ class weight_stream final : public weight_source {
     });
   }
 
-  void issue(std::size_t h) {
+  // At the fetch of h (-1: at the end of the previous run, before this run's first fetch):
+  // starts the copies due by then whose bytes are free by then.
+  void issue(std::ptrdiff_t h) {
     const std::size_t n = schedule_.size();
-    std::size_t end = std::min(n - 1, h + depth_);
-    if (depth_ > 0) {
+    const auto first_ahead = static_cast<std::size_t>(h + 1);  // the positions after h
+    std::size_t end = std::min(n - 1, static_cast<std::size_t>(h + static_cast<std::ptrdiff_t>(depth_)));
+    if (h < 0 && depth_ == 0) return;  // nothing to start ahead of the run
+    if (depth_ > 0 && first_ahead < n) {
       // Enough in flight already: the depth is covered and at least half a granule ahead.
-      const std::int64_t ahead = prefix_[std::max(frontier_, h + 1)] - prefix_[h + 1];
+      const std::int64_t ahead = prefix_[std::max(frontier_, first_ahead)] - prefix_[first_ahead];
       if (frontier_ > end && ahead >= granule / 2) return;
-      end = std::max(end, granule_end_[h]);
+      end = std::max(end, h < 0 ? granule_start_ : granule_end_[static_cast<std::size_t>(h)]);
     }
-    while (frontier_ <= end) {
+    while (frontier_ <= end && frontier_ < n) {
       const std::size_t x = frontier_;
-      if (plan_.wait_for[x] > static_cast<std::ptrdiff_t>(h)) break;  // bytes still in use
+      if (plan_.wait_for[x] > h) break;  // bytes still in use
       std::size_t y = x;
       std::ptrdiff_t wait = plan_.wait_for[x];
-      while (y + 1 <= end && plan_.wait_for[y + 1] <= static_cast<std::ptrdiff_t>(h) &&
+      std::ptrdiff_t cross = plan_.cross_wait[x];
+      while (y + 1 <= end && plan_.wait_for[y + 1] <= h &&
              host_offset_[y + 1] == host_offset_[y] + schedule_.bytes[y] &&
              plan_.offset[y + 1] == plan_.offset[y] + schedule_.bytes[y]) {
         ++y;
         wait = std::max(wait, plan_.wait_for[y]);
+        cross = std::max(cross, plan_.cross_wait[y]);
       }
-      copy(x, y, wait);
+      copy(x, y, wait, cross);
       frontier_ = y + 1;
     }
   }
 
   // Copies positions x..y (adjacent in host memory and in the arena) in one go.
-  void copy(std::size_t x, std::size_t y, std::ptrdiff_t wait) {
+  // `wait`: the latest release point of this run's positions whose bytes it overwrites;
+  // `cross`: the same for the previous run's (size(): its end), or -1.
+  void copy(std::size_t x, std::size_t y, std::ptrdiff_t wait, std::ptrdiff_t cross) {
     std::int64_t bytes = 0;
     for (std::size_t p = x; p <= y; ++p) {
       // The debug counter: the bytes must not overlap any live position's.
@@ -323,10 +349,23 @@ class weight_stream final : public weight_source {
       return;
     }
 #if TORCHLOOM_HAS_CUDA
-    if (copy_waited_ < 0) {
-      if (ended_) check_cuda(cudaStreamWaitEvent(copy_, end_.get(), 0), model_,
-                             "cudaStreamWaitEvent (previous run)");
-      copy_waited_ = 0;
+    if (ended_ && cross >= 0) {
+      // The previous run's kernels that read these bytes: after a complete run, the event of
+      // the fetch that released them, recorded in that run (or re-recorded later in this
+      // one: later still); after a failed run, or for bytes held to its end, its end.
+      if (previous_complete_ && cross < static_cast<std::ptrdiff_t>(schedule_.size())) {
+        check_cuda(cudaStreamWaitEvent(copy_, released_[static_cast<std::size_t>(cross)].get(), 0),
+                   model_, "cudaStreamWaitEvent (weights released by the previous run)");
+      } else if (!end_waited_) {
+        check_cuda(cudaStreamWaitEvent(copy_, end_.get(), 0), model_,
+                   "cudaStreamWaitEvent (previous run)");
+        end_waited_ = true;
+      }
+    }
+    if (ended_ && !previous_complete_ && !end_waited_) {
+      check_cuda(cudaStreamWaitEvent(copy_, end_.get(), 0), model_,
+                 "cudaStreamWaitEvent (previous run)");
+      end_waited_ = true;
     }
     if (wait >= 0 && wait + 1 > copy_waited_) {
       check_cuda(cudaStreamWaitEvent(copy_, released_[static_cast<std::size_t>(wait)].get(), 0),
@@ -340,6 +379,7 @@ class weight_stream final : public weight_source {
                "cudaEventRecord (weights copied)");
 #else
     (void)wait;
+    (void)cross;
 #endif
   }
 
@@ -367,6 +407,7 @@ class weight_stream final : public weight_source {
   std::vector<std::int64_t> host_offset_;  // per position
   std::vector<std::int64_t> prefix_;       // prefix sums of schedule_.bytes
   std::vector<std::size_t> granule_end_;   // per position
+  std::size_t granule_start_ = 0;          // granule_end_ for the start of a run
   std::vector<bool> records_;              // per position: E is waited for by some copy
   at::Tensor arena_;
   std::vector<at::Tensor> views_;  // per position, over the arena
@@ -375,6 +416,8 @@ class weight_stream final : public weight_source {
   std::size_t next_ = 0;      // the position the next fetch must be
   std::size_t frontier_ = 0;  // the first position not yet copied
   std::ptrdiff_t copy_waited_ = -1;  // the copy stream waited for E[0..copy_waited_-1]
+  bool end_waited_ = false;          // the copy stream waited for the previous run's END
+  bool previous_complete_ = false;   // the previous run fetched every position
   bool waited_ = false;
   std::size_t waited_chunk_ = 0;
   std::vector<std::size_t> chunk_of_;  // per position: the first position of its copy
