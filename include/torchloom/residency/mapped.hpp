@@ -3,8 +3,10 @@
 #include <torchloom/detail/config.hpp>
 #include <torchloom/detail/host_weights.hpp>
 #include <torchloom/detail/strings.hpp>
+#include <torchloom/detail/torch_error.hpp>
 #include <torchloom/detail/weight_graph.hpp>
 #include <torchloom/error.hpp>
+#include <torchloom/loader/aoti.hpp>
 #include <torchloom/loader/torchscript.hpp>
 #include <torchloom/residency/weight_memory.hpp>
 
@@ -17,6 +19,7 @@
 #include <numeric>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -61,10 +64,7 @@ class weight_map final : public weight_source {
         left -= host_.span[w];
         resident_ += host_.span[w];
       } else {
-        auto* base = static_cast<std::byte*>(host_.device_pointer);
-        weight_view[w] = at::from_blob(
-            base + host_.offset[w], host.sizes(), host.strides(), [keep = host_.buffer](void*) {},
-            at::TensorOptions().dtype(host.scalar_type()).device(device_));
+        weight_view[w] = mapped_view(w);
       }
     }
     views_.reserve(rewrite.position_weight.size());
@@ -73,6 +73,59 @@ class weight_map final : public weight_source {
   }
 
   at::Tensor fetch(std::size_t position) override { return views_.at(position); }
+
+#if TORCHLOOM_TORCH_VERSION >= 20600
+  //! Moves an AOTInductor package's constants into pinned host memory mapped into the device,
+  //! but the `resident_budget` bytes of them that are largest (each is read once a run):
+  //! their copies are handed to the package as user-managed constants in its second
+  //! constant buffer, which becomes the active one; the package's own device copies are then
+  //! freed. The device holds all the weights once, briefly, at load.
+  void prepare_package(aoti_model& m, std::int64_t resident_budget) {
+    budget_ = resident_budget;
+    if (!device_.is_cuda()) return;  // a CPU package's constants are host memory already
+    try {
+      auto* runner = m.package->get_runner();
+      const auto constants = runner->extract_constants_map(/*use_inactive=*/false);
+      std::vector<weight_read> reads;
+      std::vector<std::string> names;
+      for (const auto& [fqn, t] : constants) {
+        names.push_back(fqn);
+        reads.push_back(weight_read{t.to(c10::kCPU), fqn, {}});
+      }
+      std::vector<std::size_t> order(reads.size());
+      std::iota(order.begin(), order.end(), std::size_t{0});
+      host_ = pack_host_weights(reads, order, /*pin=*/true, model_);
+      std::vector<std::size_t> by_size = order;
+      std::stable_sort(by_size.begin(), by_size.end(), [&](std::size_t a, std::size_t b) {
+        return host_.span[a] > host_.span[b];
+      });
+      std::unordered_map<std::string, at::Tensor> replacement;
+      std::int64_t left = resident_budget;
+      for (const std::size_t w : by_size) {
+        at::Tensor t;
+        if (host_.span[w] <= left && host_.span[w] > 0) {
+          t = host_.views[w].to(device_);
+          left -= host_.span[w];
+          resident_ += host_.span[w];
+        } else {
+          t = mapped_view(w);
+        }
+        kept_.push_back(t);  // user-managed: the package holds only their addresses
+        replacement.emplace(names[w], t);
+      }
+      m.package->load_constants(replacement, /*use_inactive=*/true, /*check_full_update=*/true,
+                                /*user_managed=*/true);
+      runner->swap_constant_buffer();
+      runner->free_inactive_constant_buffer();
+    } catch (const error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw error(errc::load_failed, model_,
+                  concat("mapped_weights: cannot move the package's constants to mapped host "
+                         "memory: ", torch_message(e)));
+    }
+  }
+#endif
 
   weight_memory memory() const noexcept {
     weight_memory m;
@@ -84,9 +137,19 @@ class weight_map final : public weight_source {
   }
 
  private:
+  // Weight w where the device reads it in pinned host memory.
+  at::Tensor mapped_view(std::size_t w) const {
+    const at::Tensor& host = host_.views[w];
+    auto* base = static_cast<std::byte*>(host_.device_pointer);
+    return at::from_blob(base + host_.offset[w], host.sizes(), host.strides(),
+                         [keep = host_.buffer](void*) {},
+                         at::TensorOptions().dtype(host.scalar_type()).device(device_));
+  }
+
   std::string model_;
   c10::Device device_;
   host_weights host_;
+  std::vector<at::Tensor> kept_;  // an AOTInductor package's user-managed constants
   std::vector<at::Tensor> views_;  // per position
   std::int64_t resident_ = 0;
   std::int64_t budget_ = 0;
@@ -104,14 +167,23 @@ class weight_map final : public weight_source {
 //! TorchScript models, through the same graph pass as streamed_weights (weight reads become
 //! fetches); a fetch costs no device work. Like streamed_weights, the forward runs without
 //! the graph executor's optimisation passes (they would fold weights into constants on the
-//! device). run() may be called from several threads at once.
-//! On a CPU device the weights stay where they are packed.
+//! device). AOTInductor packages (LibTorch 2.6 and later): the package's constants are
+//! replaced by mapped ones (user-managed constants in its second constant buffer) and its
+//! device copies freed; the budget keeps the largest constants on the device; the device
+//! holds every weight once, briefly, while the package loads. run() may be called from
+//! several threads at once. On a CPU device the weights stay in host memory.
 struct mapped_weights {
   template <class Loader>
   class holder {
-    static_assert(std::is_same_v<Loader, torchscript_loader>,
+    static constexpr bool torchscript = std::is_same_v<Loader, torchscript_loader>;
+#if TORCHLOOM_TORCH_VERSION >= 20600
+    static constexpr bool package = std::is_same_v<Loader, aoti_loader>;
+#else
+    static constexpr bool package = false;
+#endif
+    static_assert(torchscript || package,
                   "torchloom: mapped_weights maps the weights of TorchScript models "
-                  "(torchscript_loader)");
+                  "(torchscript_loader) and AOTInductor packages (aoti_loader)");
 
    public:
     holder(const Loader& l, const load_context& ctx)
@@ -123,28 +195,41 @@ struct mapped_weights {
                     "(TORCHLOOM_HAS_CUDA)");
       }
 #endif
-      model_ = l.load(load_context{ctx.spec, ctx.file, c10::Device(c10::kCPU)});
-      detail::weight_rewrite rewrite =
-          detail::rewrite_weight_reads(model_.module, *map_, ctx.spec.name);
       const auto& budget = ctx.spec.options.weight_offload_budget_mb;
-      map_->prepare(rewrite, budget ? *budget * (std::int64_t{1} << 20) : 0);
-      model_.optimized_execution = false;
+      const std::int64_t resident = budget ? *budget * (std::int64_t{1} << 20) : 0;
+      if constexpr (torchscript) {
+        model_ = l.load(load_context{ctx.spec, ctx.file, c10::Device(c10::kCPU)});
+        detail::weight_rewrite rewrite =
+            detail::rewrite_weight_reads(model_.module, *map_, ctx.spec.name);
+        map_->prepare(rewrite, resident);
+        model_.optimized_execution = false;
+      } else {
+#if TORCHLOOM_TORCH_VERSION >= 20600
+        model_ = l.load(ctx);
+        map_->prepare_package(model_, resident);
+#endif
+      }
     }
 
     const typename Loader::model_type& model() const noexcept { return model_; }
 
     template <class Body>
     c10::IValue execute(Body&& body) {
-      // The optimisation passes would fold a fetch and what is computed from the weight
-      // alone (a concatenation of weights) into a constant held on the device.
-      torch::jit::GraphOptimizerEnabledGuard no_optimization(false);
-      return std::forward<Body>(body)(model_);
+      if constexpr (torchscript) {
+        // The optimisation passes would fold a fetch and what is computed from the weight
+        // alone (a concatenation of weights) into a constant held on the device.
+        torch::jit::GraphOptimizerEnabledGuard no_optimization(false);
+        return std::forward<Body>(body)(model_);
+      } else {
+        return std::forward<Body>(body)(model_);
+      }
     }
 
     weight_memory memory() const { return map_->memory(); }
 
    private:
-    std::unique_ptr<detail::weight_map> map_;  // the model's graph holds its address
+    // The model's graph holds the map's address (TorchScript), the package its constants'.
+    std::unique_ptr<detail::weight_map> map_;
     typename Loader::model_type model_;
   };
 };

@@ -15,6 +15,10 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#if TORCHLOOM_HAS_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
@@ -255,6 +259,42 @@ TEST_CASE(
   CHECK_TORCHLOOM_ERROR(runner<>(model_spec::from_directory(cpu_dir), c10::Device("cuda:0")),
                         errc::unsupported, "compiled for cpu", "runner is on cuda:0");
 }
+
+#if TORCHLOOM_HAS_CUDA
+TEST_CASE("AOTI CUDA: mapped_weights serves the package's constants from mapped host memory",
+          "[aoti][cuda][mapped]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "mlp_cuda");
+  const reference ref = read_reference(dir);
+  const c10::Device gpu("cuda:0");
+  using mapped_runner = torchloom::model_runner<torchloom::aoti_loader, torchloom::no_hook,
+                                                torchloom::caller_stream, torchloom::mapped_weights>;
+  runner<> resident(model_spec::from_directory(dir), gpu);
+  mapped_runner mapped(model_spec::from_directory(dir), gpu);
+  const auto inputs = on(ref.inputs, gpu);
+  const auto want = resident.run(inputs);
+  const auto got = mapped.run(inputs);
+  REQUIRE(got.size() == 1);
+  CHECK(torch::equal(got[0], want[0]));
+  CHECK(matches(got, ref.outputs));
+  CHECK(mapped.memory().device_bytes == 0);
+  CHECK(mapped.memory().host_bytes > 0);
+  // Every constant the package now runs with lies in host memory.
+  const auto constants =
+      mapped.model().package->get_runner()->extract_constants_map(/*use_inactive=*/false);
+  REQUIRE_FALSE(constants.empty());
+  for (const auto& [name, t] : constants) {
+    cudaPointerAttributes where{};
+    REQUIRE(cudaPointerGetAttributes(&where, t.data_ptr()) == cudaSuccess);
+    INFO(name);
+    CHECK(where.type == cudaMemoryTypeHost);
+  }
+  // With a budget the largest constants stay on the device.
+  mapped_runner partly(model_spec::from_directory(dir).set("WEIGHT_OFFLOAD_BUDGET_MB", "1"), gpu);
+  CHECK(partly.memory().device_bytes > 0);
+  CHECK(torch::equal(partly.run(inputs)[0], want[0]));
+}
+#endif
 
 TEST_CASE("AOTI CUDA: concurrent run() from 8 threads with AOTI_NUM_RUNNERS=4",
           "[aoti][cuda][concurrency]") {
