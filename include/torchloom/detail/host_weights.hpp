@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 
 #if TORCHLOOM_HAS_CUDA
+#include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 #endif
 
@@ -50,11 +51,13 @@ struct host_weights {
 //! Copies `weights` into one buffer, each at a multiple of weight_alignment, in the order
 //! `order` gives (indices into `weights`), keeping each weight's strides when it is dense
 //! (a contiguous copy otherwise). Repoints the module attributes that held them, and the
-//! weight_reads themselves, at the packed copies, so the originals are freed. `pin`: register
-//! the buffer with CUDA as pinned and mapped memory (cudaHostRegister).
+//! weight_reads themselves, at the packed copies, so the originals are freed. For a CUDA
+//! `device`, registers the buffer with CUDA as pinned memory, mapped into the device's
+//! address space and usable from every device (cudaHostRegister, with `device` current).
 inline host_weights pack_host_weights(std::vector<weight_read>& weights,
-                                      const std::vector<std::size_t>& order, bool pin,
+                                      const std::vector<std::size_t>& order, c10::Device device,
                                       const std::string& model) {
+  const bool pin = device.is_cuda();
   host_weights h;
   h.offset.assign(weights.size(), 0);
   h.span.assign(weights.size(), 0);
@@ -84,19 +87,20 @@ inline host_weights pack_host_weights(std::vector<weight_read>& weights,
   bool registered = false;
 #if TORCHLOOM_HAS_CUDA
   if (pin) {
+    const c10::cuda::CUDAGuard on_device(device);
     const cudaError_t rc = cudaHostRegister(raw, static_cast<std::size_t>(h.bytes),
-                                            cudaHostRegisterMapped);
+                                            cudaHostRegisterMapped | cudaHostRegisterPortable);
     if (rc != cudaSuccess) std::free(raw);
     check_cuda(rc, model, concat("cudaHostRegister of ", h.bytes, " bytes of weights"));
     registered = true;
-    void* device = nullptr;
-    const cudaError_t mapped = cudaHostGetDevicePointer(&device, raw, 0);
+    void* mapped_address = nullptr;
+    const cudaError_t mapped = cudaHostGetDevicePointer(&mapped_address, raw, 0);
     if (mapped != cudaSuccess) {
       (void)cudaHostUnregister(raw);
       std::free(raw);
     }
     check_cuda(mapped, model, "cudaHostGetDevicePointer for the weights");
-    h.device_pointer = device;
+    h.device_pointer = mapped_address;
   }
 #else
   if (pin) {

@@ -21,6 +21,8 @@
 #include <torch/csrc/jit/runtime/operator.h>
 #include <torch/script.h>
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -99,6 +101,22 @@ void for_each_in_subtree(Node* n, F&& f) {
     for (Node* m : b->nodes()) for_each_in_subtree(m, f);
     f(b->return_node());
   }
+}
+
+// Whether `m`'s result may alias an input although its schema does not declare it: custom
+// operators (outside aten and prim), and the aten ops known to return an input or a view of
+// it unannotated.
+inline bool may_alias_undeclared(const Node* m) {
+  const c10::Symbol kind = m->kind();
+  if (!kind.is_aten() && !kind.is_prim()) return true;
+  static const std::array<c10::Symbol, 6> known{
+      c10::Symbol::fromQualString("aten::type_as"),
+      c10::Symbol::fromQualString("aten::atleast_1d"),
+      c10::Symbol::fromQualString("aten::atleast_2d"),
+      c10::Symbol::fromQualString("aten::atleast_3d"),
+      c10::Symbol::fromQualString("aten::broadcast_tensors"),
+      c10::Symbol::fromQualString("aten::meshgrid")};
+  return std::find(known.begin(), known.end(), kind) != known.end();
 }
 
 inline std::string join_path(const std::string& parent, const std::string& name) {
@@ -262,15 +280,19 @@ inline weight_rewrite rewrite_weight_reads(torch::jit::Module& module,
   }
 
   // Release points, from alias analysis: a fetched tensor is in use until the last node that
-  // uses it or anything that may alias or contain it (a transposed view, a list).
+  // uses it or anything that may alias or contain it (a transposed view, a list). Some ops
+  // return an input (or a view of it) without their schema saying so: for them, and for
+  // custom operators, every output counts as an alias of their inputs.
   torch::jit::AliasDb aliases(g);
   const std::vector<Node*> order(g->nodes().begin(), g->nodes().end());
   std::unordered_map<const Node*, std::size_t> index;
   std::vector<std::vector<Value*>> used(order.size());
+  std::vector<std::vector<Node*>> undeclared(order.size());
   for (std::size_t j = 0; j < order.size(); ++j) {
     index[order[j]] = j;
     for_each_in_subtree(order[j], [&](Node* m) {
       for (Value* v : m->inputs()) used[j].push_back(v);
+      if (m->kind() != fetch_symbol && may_alias_undeclared(m)) undeclared[j].push_back(m);
     });
   }
   std::vector<std::size_t> fetch_index;
@@ -278,18 +300,22 @@ inline weight_rewrite rewrite_weight_reads(torch::jit::Module& module,
   const std::size_t positions = fetches.size();
   out.release.resize(positions);
   for (std::size_t p = 0; p < positions; ++p) {
-    Value* f = fetches[p]->output();
+    std::vector<Value*> aliased{fetches[p]->output()};
     const std::string& name = found.weights[out.position_weight[p]].name;
-    for (Value* o : g->outputs()) {
-      if (aliases.mayContainAlias(o, f)) {
-        throw error(errc::unsupported, model,
-                    concat("forward's output may alias the weight '", name,
-                           "': a streamed or mapped weight cannot be an output"));
-      }
-    }
     std::size_t last = fetch_index[p];
     for (std::size_t j = last + 1; j < order.size(); ++j) {
-      if (!used[j].empty() && aliases.mayContainAlias(f, used[j])) last = j;
+      if (used[j].empty() || !aliases.mayContainAlias(used[j], aliased)) continue;
+      last = j;
+      for (Node* m : undeclared[j]) {
+        if (!aliases.mayContainAlias(m->inputs(), aliased)) continue;
+        for (Value* o : m->outputs()) aliased.push_back(o);
+        for (Value* o : order[j]->outputs()) aliased.push_back(o);  // out of its blocks
+      }
+    }
+    if (aliases.mayContainAlias(g->outputs(), aliased)) {
+      throw error(errc::unsupported, model,
+                  concat("forward's output may alias the weight '", name,
+                         "': a streamed or mapped weight cannot be an output"));
     }
     std::size_t r = p + 1;
     while (r < positions && fetch_index[r] <= last) ++r;

@@ -47,7 +47,12 @@ struct arena_plan {
   bool feasible = false;
 };
 
-//! Places the schedule in a ring of `arena_bytes`.
+//! Places the schedule in an arena of `arena_bytes`: a ring at the bottom, where positions go
+//! one after another and wrap to the start when the next does not fit before the ring's end;
+//! and, at the top, bytes of their own for the long-lived positions, those in use while more
+//! is fetched after them than the ring can hold besides them (a weight, or a view of one,
+//! used again near the end). In the ring those would be lapped and block every later
+//! position that lands on them.
 inline arena_plan plan_arena(const weight_schedule& s, std::int64_t arena_bytes) {
   arena_plan plan;
   plan.arena_bytes = arena_bytes;
@@ -56,16 +61,46 @@ inline arena_plan plan_arena(const weight_schedule& s, std::int64_t arena_bytes)
   plan.wait_for.assign(n, -1);
   plan.cross_wait.assign(n, -1);
   plan.feasible = true;
+  std::vector<std::int64_t> prefix(n + 1, 0);
+  for (std::size_t p = 0; p < n; ++p) prefix[p + 1] = prefix[p] + s.bytes[p];
+  std::vector<bool> own(n, false);
+  std::int64_t own_bytes = 0;
+  for (bool changed = true; changed;) {  // a smaller ring makes more positions long-lived
+    changed = false;
+    const std::int64_t ring = arena_bytes - own_bytes;
+    for (std::size_t p = 0; p < n; ++p) {
+      const std::int64_t fetched_while_live = prefix[std::min(s.release[p], n)] - prefix[p + 1];
+      if (own[p] || fetched_while_live + s.bytes[p] <= ring) continue;
+      own[p] = true;
+      own_bytes += s.bytes[p];
+      changed = true;
+    }
+  }
+  if (own_bytes > arena_bytes) {
+    plan.feasible = false;
+    return plan;
+  }
+  const std::int64_t ring = arena_bytes - own_bytes;
   std::int64_t cursor = 0;
+  std::int64_t top = ring;
   for (std::size_t x = 0; x < n; ++x) {
     const std::int64_t size = s.bytes[x];
-    if (size > arena_bytes) {
+    if (own[x]) {
+      plan.offset[x] = top;
+      top += size;
+      continue;
+    }
+    if (size > ring) {
       plan.feasible = false;
       return plan;
     }
-    if (cursor + size > arena_bytes) cursor = 0;
+    if (cursor + size > ring) cursor = 0;
     plan.offset[x] = cursor;
     cursor += size;
+  }
+  if (top > arena_bytes) {
+    plan.feasible = false;
+    return plan;
   }
   using interval = std::pair<std::int64_t, std::int64_t>;
   std::vector<interval> open;
@@ -121,15 +156,22 @@ inline std::int64_t live_bytes_bound(const weight_schedule& s) {
 }
 
 //! The smallest arena (a multiple of `granularity`) in which the schedule is feasible; 0 for
-//! an empty schedule.
+//! an empty schedule. Whether the ring fits is not monotonic in its size (a larger ring can
+//! put a long-lived weight where a later one needs to go), so the sizes from the live bound
+//! up are tried one by one, `scan` of them; past that, a bisection finds a size that fits,
+//! which may then be above the true minimum.
 inline std::int64_t minimum_arena(const weight_schedule& s,
-                                  std::int64_t granularity = weight_alignment) {
+                                  std::int64_t granularity = weight_alignment, int scan = 1024) {
   if (s.size() == 0) return 0;
   const std::int64_t total = std::accumulate(s.bytes.begin(), s.bytes.end(), std::int64_t{0});
   // Below the live bound nothing fits; at the total no two positions of a run share bytes.
   std::int64_t lo = align_up(live_bytes_bound(s), granularity);
-  std::int64_t hi = align_up(total, granularity);
-  if (plan_arena(s, lo).feasible) return lo;
+  const std::int64_t hi_total = align_up(total, granularity);
+  for (int i = 0; i < scan && lo <= hi_total; ++i, lo += granularity) {
+    if (plan_arena(s, lo).feasible) return lo;
+  }
+  std::int64_t hi = hi_total;
+  lo -= granularity;
   // Invariant: hi is feasible, lo is not.
   while (hi - lo > granularity) {
     const std::int64_t mid = lo + (hi - lo) / granularity / 2 * granularity;

@@ -46,7 +46,7 @@ class weight_map final : public weight_source {
     for (const std::size_t w : rewrite.position_weight) ++reads[w];
     std::vector<std::size_t> order(count);
     std::iota(order.begin(), order.end(), std::size_t{0});
-    host_ = pack_host_weights(rewrite.weights, order, device_.is_cuda(), model_);
+    host_ = pack_host_weights(rewrite.weights, order, device_, model_);
 
     std::vector<std::size_t> by_benefit = order;
     std::stable_sort(by_benefit.begin(), by_benefit.end(), [&](std::size_t a, std::size_t b) {
@@ -94,7 +94,7 @@ class weight_map final : public weight_source {
       }
       std::vector<std::size_t> order(reads.size());
       std::iota(order.begin(), order.end(), std::size_t{0});
-      host_ = pack_host_weights(reads, order, /*pin=*/true, model_);
+      host_ = pack_host_weights(reads, order, device_, model_);
       std::vector<std::size_t> by_size = order;
       std::stable_sort(by_size.begin(), by_size.end(), [&](std::size_t a, std::size_t b) {
         return host_.span[a] > host_.span[b];

@@ -24,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -105,6 +106,7 @@ class weight_stream final : public weight_source {
   void prepare(weight_rewrite& rewrite, std::optional<std::int64_t> budget_mb, int depth) {
     const std::size_t n = rewrite.position_weight.size();
     position_weight_ = rewrite.position_weight;
+    for (const auto& w : rewrite.weights) names_.push_back(concat("'", w.name, "'"));
     depth_ = static_cast<std::size_t>(depth);
     // Host layout: each weight where it is first fetched, so that positions that follow one
     // another are usually adjacent in host memory too.
@@ -130,10 +132,11 @@ class weight_stream final : public weight_source {
     schedule_.release = rewrite.release;
     const std::int64_t total =
         std::accumulate(schedule_.bytes.begin(), schedule_.bytes.end(), std::int64_t{0});
-    minimum_ = minimum_arena(schedule_);
+    minimum_ = minimum_arena(schedule_, mib);  // budgets are whole MiB
     const std::string sizes = concat("its ", n, " weight fetches per run move ",
-                                     size_text(total), "; live at once, they need ",
-                                     size_text(minimum_));
+                                     size_text(total), "; the smallest arena their schedule "
+                                     "fits is ", size_text(minimum_));
+    if (!budget_mb && n == 0) budget_mb = 0;  // nothing to stream
     if (!budget_mb) {
       throw error(errc::invalid_option, model_,
                   concat("streamed_weights needs WEIGHT_OFFLOAD_BUDGET_MB: set it to at least ",
@@ -149,7 +152,7 @@ class weight_stream final : public weight_source {
     // by the minimum's, which does.
     plan_ = plan_arena(schedule_, std::min(budget_, align_up(total, weight_alignment)));
     if (!plan_.feasible) plan_ = plan_arena(schedule_, minimum_);
-    host_ = pack_host_weights(rewrite.weights, order, device_.is_cuda(), model_);
+    host_ = pack_host_weights(rewrite.weights, order, device_, model_);
     host_offset_.resize(n);
     for (std::size_t p = 0; p < n; ++p) host_offset_[p] = host_.offset[position_weight_[p]];
     prefix_.assign(n + 1, 0);
@@ -184,7 +187,13 @@ class weight_stream final : public weight_source {
                                   "cudaEventRecord (weights released)");
 #endif
     }
-    release_up_to(h);
+    if (const auto q = release_up_to(h)) {
+      throw error(errc::run_failed, model_,
+                  concat("streamed_weights: weight ", names_[position_weight_[*q]],
+                         " (fetch ", *q, ") is still referenced after the fetch that "
+                         "releases it (", h, "): an op returned it, or a view of it, without "
+                         "declaring the alias; nothing was overwritten"));
+    }
     issue(static_cast<std::ptrdiff_t>(h));
     if (device_.is_cuda()) {
 #if TORCHLOOM_HAS_CUDA
@@ -211,11 +220,19 @@ class weight_stream final : public weight_source {
   //! kernels are done with, or will be by the events they wait for), so that they overlap
   //! this run's last kernels.
   void end_run() noexcept {
-    const bool complete = next_ == views_.size();
+    bool complete = next_ == views_.size();
+    // Weights held to the run's end and still referenced: an output aliases them.
+    if (release_up_to(views_.size())) complete = false;
 #if TORCHLOOM_HAS_CUDA
     if (device_.is_cuda() && next_ > 0) {
       (void)cudaEventRecord(end_.get(), compute_);
       ended_ = true;
+      if (complete) {
+        // The copies after a later failed run wait for this too: that run's END is on its
+        // own stream, which need not be ordered after this one's.
+        (void)cudaEventRecord(complete_end_.get(), compute_);
+        completed_ = true;
+      }
     }
 #endif
     previous_complete_ = complete;
@@ -227,7 +244,7 @@ class weight_stream final : public weight_source {
     if (!complete || views_.empty()) return;
     try {
       issue(-1);
-    } catch (const error&) {
+    } catch (...) {
       // A failed copy call: the next run's fetches start them again and report it.
       frontier_ = 0;
       live_.clear();
@@ -268,6 +285,7 @@ class weight_stream final : public weight_source {
       check_cuda(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking), model_,
                  "cudaStreamCreateWithFlags (copy stream)");
       end_ = cuda_event(model_);
+      complete_end_ = cuda_event(model_);
       copied_.reserve(schedule_.size());
       released_.reserve(schedule_.size());
       for (std::size_t p = 0; p < schedule_.size(); ++p) {
@@ -278,13 +296,23 @@ class weight_stream final : public weight_source {
 #endif
   }
 
-  // Host bookkeeping: the positions released by the fetch of h are no longer live.
-  void release_up_to(std::size_t h) noexcept {
+  // Host bookkeeping: the positions released by the fetch of h (every position released by
+  // the run's end, for h == size()) are no longer live. A released weight that something
+  // still references (the tensor, or a view of its bytes) would be read after its bytes are
+  // overwritten: the release point was wrong (an op that returns its input without saying
+  // so). That is counted as a violation and returned, the first such weight's position.
+  std::optional<std::size_t> release_up_to(std::size_t h) noexcept {
+    std::optional<std::size_t> escaped;
     std::erase_if(live_, [&](std::size_t q) {
       if (schedule_.release[q] > h) return false;
       live_bytes_ -= schedule_.bytes[q];
+      if (q < next_ && (views_[q].use_count() > 1 || views_[q].storage().use_count() > 1)) {
+        ++violations_;
+        if (!escaped) escaped = q;
+      }
       return true;
     });
+    return escaped;
   }
 
   // At the fetch of h (-1: at the end of the previous run, before this run's first fetch):
@@ -365,6 +393,10 @@ class weight_stream final : public weight_source {
     if (ended_ && !previous_complete_ && !end_waited_) {
       check_cuda(cudaStreamWaitEvent(copy_, end_.get(), 0), model_,
                  "cudaStreamWaitEvent (previous run)");
+      if (completed_) {
+        check_cuda(cudaStreamWaitEvent(copy_, complete_end_.get(), 0), model_,
+                   "cudaStreamWaitEvent (last complete run)");
+      }
       end_waited_ = true;
     }
     if (wait >= 0 && wait + 1 > copy_waited_) {
@@ -389,6 +421,7 @@ class weight_stream final : public weight_source {
     if (copy_ != nullptr) {
       (void)cudaStreamSynchronize(copy_);
       if (ended_) (void)cudaEventSynchronize(end_.get());
+      if (completed_) (void)cudaEventSynchronize(complete_end_.get());
       (void)cudaStreamDestroy(copy_);
       copy_ = nullptr;
     }
@@ -403,6 +436,7 @@ class weight_stream final : public weight_source {
   std::int64_t minimum_ = 0;
   std::int64_t budget_ = 0;
   std::vector<std::size_t> position_weight_;
+  std::vector<std::string> names_;  // per weight, quoted
   host_weights host_;
   std::vector<std::int64_t> host_offset_;  // per position
   std::vector<std::int64_t> prefix_;       // prefix sums of schedule_.bytes
@@ -432,8 +466,10 @@ class weight_stream final : public weight_source {
 #if TORCHLOOM_HAS_CUDA
   cudaStream_t copy_ = nullptr;
   cudaStream_t compute_ = nullptr;
-  cuda_event end_;
+  cuda_event end_;           // END of the last run
+  cuda_event complete_end_;  // END of the last complete run
   bool ended_ = false;
+  bool completed_ = false;
   std::vector<cuda_event> copied_;    // C, per position that starts a copy
   std::vector<cuda_event> released_;  // E, per position
 #endif

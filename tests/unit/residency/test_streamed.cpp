@@ -33,9 +33,11 @@ using mapped_runner = runner_with<torchloom::mapped_weights>;
 
 // A stack of `layers` layers of `dim` x `dim` float weights, each a submodule, then a branch
 // that reads a buffer in both arms and a product that reads layer 0's weight again:
-//   layer i: relu(x @ W_i.T + b_i)   (odd layers through torch.linear, even ones through a
-//                                      transposed view of W_i, whose liveness must follow t())
-// Its fetches: W_i, b_i per layer, then `scale` (before the branch), then W_0 again.
+//   layer i: relu(x @ W_i.T + b_i)   odd layers through torch.linear; even ones take the
+//                                    transposed view of W_i first and apply it after b_i's
+//                                    fetch, so W_i's bytes must stay until the view's use
+// Its fetches: W_i, b_i per layer (and b_i again in even layers), then `scale` (before the
+// branch), then W_0 again.
 torch::jit::Module make_stack(int layers, std::int64_t dim) {
   torch::jit::Module top("stack");
   for (int i = 0; i < layers; ++i) {
@@ -44,7 +46,9 @@ torch::jit::Module make_stack(int layers, std::int64_t dim) {
     layer.register_parameter("bias", torch::randn({dim}), false);
     layer.define(i % 2 == 0 ? R"(
 def forward(self, x):
-    return torch.relu(torch.matmul(x, self.weight.t()) + self.bias)
+    wt = self.weight.t()
+    h = x + self.bias
+    return torch.relu(torch.matmul(h, wt) - torch.matmul(self.bias, wt))
 )"
                             : R"(
 def forward(self, x):
@@ -84,16 +88,28 @@ std::map<std::string, std::string> budget(std::int64_t mb, int depth = 2) {
           {"WEIGHT_OFFLOAD_PREFETCH_DEPTH", std::to_string(depth)}};
 }
 
-// A random schedule: sizes of 1-16 alignment units, each released 1-4 fetches later.
+// A random schedule: sizes of 1-16 alignment units, each released 1-4 fetches later, or, one
+// in six, at the end of the run (a weight used again at the end, a long-lived view).
 tld::weight_schedule random_schedule(std::mt19937& rng, std::size_t n) {
   tld::weight_schedule s;
   std::uniform_int_distribution<int> size(1, 16);
   std::uniform_int_distribution<std::size_t> after(1, 4);
+  std::uniform_int_distribution<int> long_lived(0, 5);
   for (std::size_t p = 0; p < n; ++p) {
     s.bytes.push_back(size(rng) * tld::weight_alignment);
-    s.release.push_back(std::min(n, p + after(rng)));
+    s.release.push_back(long_lived(rng) == 0 ? n : std::min(n, p + after(rng)));
   }
   return s;
+}
+
+// The smallest feasible arena, by trying every size.
+std::int64_t brute_force_minimum(const tld::weight_schedule& s) {
+  std::int64_t total = 0;
+  for (const auto b : s.bytes) total += b;
+  for (std::int64_t a = tld::weight_alignment; a < total; a += tld::weight_alignment) {
+    if (tld::plan_arena(s, a).feasible) return a;
+  }
+  return total;
 }
 
 // The property the arena must have, checked independently of plan_arena's own bookkeeping: at
@@ -162,6 +178,21 @@ TEST_CASE("weight schedule: the ring keeps live weights apart and finds the mini
     const auto roomy = tld::plan_arena(s, 10 * u);
     CHECK(roomy.wait_for == std::vector<std::ptrdiff_t>{-1, -1, -1, -1});
   }
+  SECTION("a weight held to the end of the run blocks the bytes it sits in, laps later") {
+    // 8 units released at 2; 2 units held to the end; eight of 4 units, each released at the
+    // next fetch; 2 units. In a ring of 10 the last one lands on the one held to the end.
+    const auto u = tld::weight_alignment;
+    tld::weight_schedule s{{8 * u, 2 * u}, {2, 11}};
+    for (std::size_t k = 0; k < 8; ++k) {
+      s.bytes.push_back(4 * u);
+      s.release.push_back(k + 3);
+    }
+    s.bytes.push_back(2 * u);
+    s.release.push_back(11);
+    CHECK(tld::live_bytes_bound(s) == 10 * u);
+    CHECK_FALSE(tld::plan_arena(s, 10 * u).feasible);
+    CHECK(tld::minimum_arena(s) == brute_force_minimum(s));
+  }
   SECTION("random schedules") {
     std::mt19937 rng(7);
     for (int trial = 0; trial < 300; ++trial) {
@@ -173,11 +204,11 @@ TEST_CASE("weight schedule: the ring keeps live weights apart and finds the mini
       CHECK(no_live_overlap(s, plan));
       CHECK(waits_cover_occupants(s, plan));
       CHECK(minimum >= tld::live_bytes_bound(s));
+      CHECK(minimum == brute_force_minimum(s));
       CHECK_FALSE(tld::plan_arena(s, tld::live_bytes_bound(s) - tld::weight_alignment)
                       .feasible);
       // Every arena the planner calls feasible keeps live weights apart.
-      for (auto arena = minimum; arena <= minimum + 8 * tld::weight_alignment;
-           arena += tld::weight_alignment) {
+      for (auto arena = minimum; arena <= 2 * minimum; arena += tld::weight_alignment) {
         const auto p = tld::plan_arena(s, arena);
         if (p.feasible) CHECK((no_live_overlap(s, p) && waits_cover_occupants(s, p)));
       }
@@ -193,7 +224,7 @@ TEST_CASE("streamed_weights: outputs bitwise equal to resident_weights, within t
            {2, 0}, {2, 2}, {3, 1}, {3, 8}, {8, 2}, {64, 4}}) {
     INFO("budget " << mb << " MiB, prefetch depth " << depth);
     streamed_runner streamed(m.spec(budget(mb, depth)));
-    // W_i, b_i for 6 layers, the buffer before the branch, layer 0's weight again.
+    // The module keeps its weights, on the host: in the packed buffer.
     CHECK(streamed.model().module.attr("l0").toModule().attr("weight").toTensor().is_cpu());
     for (int run = 0; run < 12; ++run) {
       const auto x = torch::randn({4, 512}) * (run % 3 == 0 ? -1 : 1);
@@ -206,9 +237,10 @@ TEST_CASE("streamed_weights: outputs bitwise equal to resident_weights, within t
     CHECK(mem.high_water_bytes > 0);
     CHECK(mem.high_water_bytes <= mem.budget_bytes);
     CHECK(mem.budget_violations == 0);
-    // Every run copies every fetch: 7 weights of 1 MiB and 7 vectors of 2 KiB; after the
-    // last run, the next one's first copies have started.
-    const std::int64_t per_run = 7 * (512 * 512 * 4 + 512 * 4);
+    // Every run copies every fetch: 7 weights of 1 MiB and 10 vectors of 2 KiB (the even
+    // layers read their bias twice); after the last run, the next one's first copies have
+    // started.
+    const std::int64_t per_run = 7 * (512 * 512 * 4) + 10 * (512 * 4);
     CHECK(mem.copied_bytes >= 12 * per_run);
     CHECK(mem.copied_bytes <= 13 * per_run);
   }
@@ -245,6 +277,60 @@ TEST_CASE("streamed_weights: models whose weights cannot move are refused at loa
           "writes into the weight 'w'");
   refused("def forward(self, x):\n    self.w = x\n    return x + 1\n",
           "assigns the tensor attribute 'w'");
+  refused("def forward(self, x):\n    return (self.w.type_as(x), x)\n",
+          "may alias the weight 'w'");
+}
+
+TEST_CASE("streamed_weights: an op that returns a weight without declaring it keeps it alive",
+          "[residency][streamed]") {
+  // type_as returns its input itself, and its schema does not say so: `a` is the weight A,
+  // used after six more layers have been fetched through the arena.
+  temp_dir dir;
+  torch::jit::Module top("m");
+  top.register_parameter("A", torch::randn({512, 512}), false);  // 1 MiB, as each layer
+  std::string code = "def forward(self, x):\n    a = self.A.type_as(x)\n";
+  for (int i = 0; i < 6; ++i) {
+    const auto w = "w" + std::to_string(i);
+    top.register_parameter(w, torch::randn({512, 512}) / 23, false);
+    code += "    x = torch.relu(torch.linear(x, self." + w + "))\n";
+  }
+  code += "    return x + a[0]\n";
+  top.define(code);
+  torchloom_test::write_triton_model(dir / "m", top);
+  const auto spec = model_spec::from_directory(dir / "m");
+  resident_runner resident(spec);
+  streamed_runner streamed(model_spec(spec).set(budget(3, 2)));  // of 7 MiB
+  for (int run = 0; run < 4; ++run) {
+    const auto x = torch::randn({2, 512});
+    CHECK(torch::equal(streamed.run({x})[0], resident.run({x})[0]));
+  }
+  CHECK(streamed.memory().budget_violations == 0);
+}
+
+TEST_CASE("streamed_weights: a run that fails half-way leaves the next one correct",
+          "[residency][streamed]") {
+  temp_dir dir;
+  torch::jit::Module top("m");
+  std::string code = "def forward(self, x):\n";
+  for (int i = 0; i < 6; ++i) {
+    const auto w = "w" + std::to_string(i);
+    top.register_parameter(w, torch::randn({256, 256}) / 16, false);
+    code += "    x = torch.relu(torch.linear(x, self." + w + "))\n";
+    if (i == 2) code += "    assert bool(x.sum() < 1.0e6), \"too large\"\n";
+  }
+  code += "    return x\n";
+  top.define(code);
+  torchloom_test::write_triton_model(dir / "m", top);
+  const auto spec = model_spec::from_directory(dir / "m");
+  resident_runner resident(spec);
+  streamed_runner streamed(model_spec(spec).set(budget(1, 3)));
+  for (int run = 0; run < 6; ++run) {
+    CHECK_TORCHLOOM_ERROR(streamed.run({torch::full({2, 256}, 1.0e8)}), errc::run_failed,
+                          "too large");
+    const auto x = torch::rand({2, 256});
+    CHECK(torch::equal(streamed.run({x})[0], resident.run({x})[0]));
+  }
+  CHECK(streamed.memory().budget_violations == 0);
 }
 
 TEST_CASE("streamed_weights: concurrent runs on one runner are serialised and correct",
@@ -309,7 +395,9 @@ TEMPLATE_TEST_CASE("streamed_weights on a GPU: weights 4x the budget, bitwise eq
   const c10::cuda::CUDAStreamGuard on_caller(caller);
   int equal = 0;
   for (int run = 0; run < 100; ++run) {
-    const auto x = torch::randn({16, 1024}, gpu) * (run % 2 == 0 ? 1.0 : -0.5);
+    // A batch large enough that each layer's product outlasts its weight's copy: a copy
+    // that did not wait for the kernels reading its bytes would overwrite them mid-product.
+    const auto x = torch::randn({run % 4 == 0 ? 4096 : 16, 1024}, gpu) * (run % 2 == 0 ? 1.0 : -0.5);
     const auto want = resident.run({x})[0];
     const auto got = streamed.run({x})[0];
     // Read on the caller's stream right after run(), with no other synchronisation.
