@@ -74,7 +74,8 @@ ISOLATION_SCENARIOS = (
     ("BM_cotenant_green_victim_only", "co-tenant on a plain stream, victim green", "control"),
 )
 ISOLATION_COUNTERS = ("p50_us", "p99_us", "calls", "alone_p99_us", "ratio_vs_alone",
-                      "victim_sms", "cotenant_sms", "cotenant_tflops")
+                      "victim_sms", "cotenant_sms", "cotenant_tflops", "alone_sm_mhz",
+                      "sm_mhz", "power_w", "power_capped", "ratio_at_alone_clock")
 # bm_offload (T4-T9): BM_offload_limit (the pinned H2D limit), one BM_offload/model:<m>/
 # batch:<b>/variant:<v> per forward measured, BM_offload_shared/runners:<n> (T9); and the
 # accelerate row of its Python peer, scripts/offload_peer.py (T5).
@@ -355,6 +356,9 @@ def isolation_rows(other):
     """T3: victim latency under a saturating co-tenant, against the same victim alone."""
     rows, verdicts, used = [], [], set()
     by_base = {r.base: r for r in other}
+    # SM clock and power columns only where the benchmark sampled them (NVML).
+    clocks = any("sm_mhz" in counter_set(r) for r in other
+                 if r.base in {n for n, _, _ in ISOLATION_SCENARIOS})
     for name, what, role in ISOLATION_SCENARIOS:
         r = by_base.get(name)
         if r is None:
@@ -371,10 +375,18 @@ def isolation_rows(other):
             note = f"T3 ≤1.15×: {'pass' if ok else 'FAIL'}"
             verdicts.append(("T3", "pass" if ok else "fail"))
         sms = f"{c.get('victim_sms', 0):.0f} / {c.get('cotenant_sms', 0):.0f}"
-        rows.append([what, sms, fmt_us(c.get("p50_us")), fmt_us(c.get("p99_us")),
-                     fmt_us(c.get("alone_p99_us")),
-                     f"{ratio:.2f}×" if ratio is not None else "-",
-                     f"{c.get('calls', 0):.0f}", note])
+        row = [what, sms, fmt_us(c.get("p50_us")), fmt_us(c.get("p99_us")),
+               fmt_us(c.get("alone_p99_us")), f"{ratio:.2f}×" if ratio is not None else "-",
+               f"{c.get('calls', 0):.0f}", note]
+        if clocks:
+            mhz = (f"{c['alone_sm_mhz']:.0f} / {c['sm_mhz']:.0f}"
+                   if "sm_mhz" in c and "alone_sm_mhz" in c else "-")
+            power = (f"{c['power_w']:.0f} ({100 * c['power_capped']:.0f}%)"
+                     if "power_w" in c and "power_capped" in c else "-")
+            scaled = (f"{c['ratio_at_alone_clock']:.2f}×" if "ratio_at_alone_clock" in c
+                      else "-")
+            row[7:7] = [mhz, power, scaled]
+        rows.append(row)
     return rows, verdicts, used
 
 
@@ -749,9 +761,19 @@ def main(argv):
                           ["policy", "CPU median µs", "CPU p99", "GPU median µs", "GPU p99",
                            "CPU delta µs", "GPU delta µs", "target"], srows))
     if irows:
+        header = ["scenario", "SMs victim / co-tenant", "p50 µs", "p99 µs", "alone p99 µs",
+                  "p99 / alone", "calls", "target"]
+        note = ""
+        if len(irows[0]) > len(header):  # the benchmark sampled SM clock and power
+            header[7:7] = ["SM MHz alone / here", "board W (power-capped)",
+                           "p99 / alone at the alone clock"]
+            note = ("\nSM MHz: mean SM clock while the victim alone, and then the scenario, "
+                    "ran; board W: mean power, with the share of samples the driver held the "
+                    "clock down for the power limit. The last ratio scales the victim's p99 "
+                    "to the alone clock: what remains of the slowdown once the lower clock "
+                    "is taken out (the victim is compute-bound on its SMs).\n")
         tables.append("### T3: victim latency under a saturating co-tenant (bm_isolation)\n"
-                      + markdown(["scenario", "SMs victim / co-tenant", "p50 µs", "p99 µs",
-                                  "alone p99 µs", "p99 / alone", "calls", "target"], irows))
+                      + note + markdown(header, irows))
     if used_o:
         text, offload_verdicts = offload_section(runs, limit, shared)
         tables.append(text)
