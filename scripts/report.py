@@ -771,7 +771,7 @@ def main(argv):
                     "ran; board W: mean power, with the share of samples the driver held the "
                     "clock down for the power limit. The last ratio scales the victim's p99 "
                     "to the alone clock: what remains of the slowdown once the lower clock "
-                    "is taken out (the victim is compute-bound on its SMs).\n")
+                    "is taken out (the victim is compute-bound on its SMs).\n\n")
         tables.append("### T3: victim latency under a saturating co-tenant (bm_isolation)\n"
                       + note + markdown(header, irows))
     if used_o:
