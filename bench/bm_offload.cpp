@@ -228,9 +228,10 @@ std::unique_ptr<offload_model> make_model(const std::filesystem::path& root, std
 
 double measure_limit_gbps() {
   const std::int64_t bytes = 1024 * mib;
-  auto host = torch::empty({bytes}, torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(true));
+  const auto bytes_type = torch::TensorOptions().dtype(torch::kUInt8);
+  auto host = torch::empty({bytes}, bytes_type.pinned_memory(true));
   host.fill_(1);
-  auto device = torch::empty({bytes}, torch::TensorOptions().dtype(torch::kUInt8).device(torch::kCUDA, 0));
+  auto device = torch::empty({bytes}, bytes_type.device(torch::kCUDA, 0));
   const auto t = time_forward([&] { device.copy_(host, /*non_blocking=*/true); });
   return static_cast<double>(bytes) / (t.median_ms * 1e-3) / 1e9;
 }
@@ -382,7 +383,10 @@ void BM_offload_shared(benchmark::State& state) {
       state.counters["activation_bytes"] = static_cast<double>(activation);
       state.counters["device_bytes"] = static_cast<double>(used);
       state.counters["bound_bytes"] = static_cast<double>(weights + 8 * activation);
-      state.counters["use_count"] = static_cast<double>(runners.front()->memory().device_bytes == weights ? 8 : 0);
+      // How many of the runners hold the first one's model (all eight, when shared).
+      int sharing = 0;
+      for (const auto& r : runners) sharing += &r->model() == &runners.front()->model() ? 1 : 0;
+      state.counters["use_count"] = sharing;
     }
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());

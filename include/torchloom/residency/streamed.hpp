@@ -320,7 +320,8 @@ class weight_stream final : public weight_source {
   void issue(std::ptrdiff_t h) {
     const std::size_t n = schedule_.size();
     const auto first_ahead = static_cast<std::size_t>(h + 1);  // the positions after h
-    std::size_t end = std::min(n - 1, static_cast<std::size_t>(h + static_cast<std::ptrdiff_t>(depth_)));
+    const auto depth = static_cast<std::ptrdiff_t>(depth_);
+    std::size_t end = std::min(n - 1, static_cast<std::size_t>(h + depth));
     if (h < 0 && depth_ == 0) return;  // nothing to start ahead of the run
     if (depth_ > 0 && first_ahead < n) {
       // Enough in flight already: the depth is covered and at least half a granule ahead.

@@ -72,26 +72,10 @@ class basic_green_context_stream {
   template <class Inputs, class Body>
   c10::IValue execute(c10::Device device, const Inputs& inputs, Body&& body) {
     if (device.is_cpu() || !context_) return detail::run_on_host(device, std::forward<Body>(body));
-    // The inputs are not recorded on the green stream, as run_fenced would do: the caching
-    // allocator records an event on every stream a block was recorded on when the block is
-    // freed, and an input may outlive this runner and its stream (cudaEventRecord on a
-    // destroyed stream fails inside a deallocation, which terminates). They are held through
-    // the run instead and then recorded on the caller's stream, which by then waits for the
-    // green stream's work: their memory is reused no earlier, on any stream.
-    std::vector<at::Tensor> held;
-    for (const auto& v : inputs) {
-      detail::for_each_tensor(v, [&](const at::Tensor& t) {
-        if (t.device() == device && t.has_storage()) held.push_back(t);
-      });
-    }
-    c10::IValue out = detail::run_fenced(device, context_->stream().unwrap(), no_inputs(),
-                                         std::forward<Body>(body));
-    if (!held.empty()) {
-      const auto* impl = c10::impl::getDeviceGuardImpl(device.type());
-      const c10::Stream caller = impl->getStream(device);
-      for (const auto& t : held) impl->recordDataPtrOnStream(t.storage().data_ptr(), caller);
-    }
-    return out;
+    // run_fenced records the inputs on the caller's stream, never on the green stream: an
+    // input may outlive this runner and its stream.
+    return detail::run_fenced(device, context_->stream().unwrap(), inputs,
+                              std::forward<Body>(body));
   }
 
   //! SMs actually in the partition (0 on CPU).
@@ -100,11 +84,6 @@ class basic_green_context_stream {
   const std::shared_ptr<cuda::green_context>& context() const noexcept { return context_; }
 
  private:
-  static const std::vector<c10::IValue>& no_inputs() noexcept {
-    static const std::vector<c10::IValue> none;
-    return none;
-  }
-
   static constexpr const char* policy_name() noexcept {
     return P == green_partition::first ? "green_context_stream" : "green_context_complement_stream";
   }

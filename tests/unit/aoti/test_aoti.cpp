@@ -267,8 +267,9 @@ TEST_CASE("AOTI CUDA: mapped_weights serves the package's constants from mapped 
   TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "mlp_cuda");
   const reference ref = read_reference(dir);
   const c10::Device gpu("cuda:0");
-  using mapped_runner = torchloom::model_runner<torchloom::aoti_loader, torchloom::no_hook,
-                                                torchloom::caller_stream, torchloom::mapped_weights>;
+  using mapped_runner =
+      torchloom::model_runner<torchloom::aoti_loader, torchloom::no_hook,
+                              torchloom::caller_stream, torchloom::mapped_weights>;
   runner<> resident(model_spec::from_directory(dir), gpu);
   mapped_runner mapped(model_spec::from_directory(dir), gpu);
   const auto inputs = on(ref.inputs, gpu);
@@ -290,7 +291,8 @@ TEST_CASE("AOTI CUDA: mapped_weights serves the package's constants from mapped 
     CHECK(where.type == cudaMemoryTypeHost);
   }
   // With a budget the largest constants stay on the device.
-  mapped_runner partly(model_spec::from_directory(dir).set("WEIGHT_OFFLOAD_BUDGET_MB", "1"), gpu);
+  mapped_runner partly(model_spec::from_directory(dir).set("WEIGHT_OFFLOAD_BUDGET_MB", "1"),
+                       gpu);
   CHECK(partly.memory().device_bytes > 0);
   CHECK(torch::equal(partly.run(inputs)[0], want[0]));
 }

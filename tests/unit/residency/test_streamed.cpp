@@ -397,7 +397,8 @@ TEMPLATE_TEST_CASE("streamed_weights on a GPU: weights 4x the budget, bitwise eq
   for (int run = 0; run < 100; ++run) {
     // A batch large enough that each layer's product outlasts its weight's copy: a copy
     // that did not wait for the kernels reading its bytes would overwrite them mid-product.
-    const auto x = torch::randn({run % 4 == 0 ? 4096 : 16, 1024}, gpu) * (run % 2 == 0 ? 1.0 : -0.5);
+    const std::int64_t rows = run % 4 == 0 ? 4096 : 16;
+    const auto x = torch::randn({rows, 1024}, gpu) * (run % 2 == 0 ? 1.0 : -0.5);
     const auto want = resident.run({x})[0];
     const auto got = streamed.run({x})[0];
     // Read on the caller's stream right after run(), with no other synchronisation.
