@@ -68,6 +68,18 @@ struct fence_events {
   }
 };
 
+//! A stream from torch's pool for the calling thread and `device`, taken at the thread's first
+//! fenced run and kept: runs from different threads get different pool streams (the pool
+//! hands them out in turn) and so overlap, while one thread's runs reuse one stream, which
+//! costs no pool call and keeps the caching allocator's blocks for that stream warm.
+inline c10::Stream thread_pool_stream(c10::Device device) {
+  constexpr std::size_t max_devices = 64;
+  thread_local std::array<std::optional<c10::Stream>, max_devices> streams;
+  auto& s = streams[static_cast<std::size_t>(device.index()) % max_devices];
+  if (!s) s = c10::impl::getDeviceGuardImpl(device.type())->getStreamFromGlobalPool(device);
+  return *s;
+}
+
 #if TORCHLOOM_HAS_CUDA
 //! fence_events for CUDA, as plain CUDA events: recording them directly skips the device
 //! switches c10::Event makes around every record (T2 counts each microsecond).

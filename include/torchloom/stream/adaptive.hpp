@@ -27,7 +27,7 @@ struct adaptive_stream {
     if (current != impl->getDefaultStream(device)) {
       return std::forward<Body>(body)(run_context{device, current});
     }
-    return detail::run_fenced(device, impl->getStreamFromGlobalPool(device), inputs,
+    return detail::run_fenced(device, detail::thread_pool_stream(device), inputs,
                               std::forward<Body>(body));
   }
 };

@@ -9,9 +9,9 @@
 
 namespace torchloom {
 
-//! Runs the model on a stream from torch's stream pool (round-robin per run, so concurrent
-//! runs overlap), fenced with the caller's current stream by events both ways; tensors that
-//! cross streams are recorded on the stream that uses them. The caller may use the outputs on
+//! Runs the model on a stream from torch's stream pool (one per calling thread, so runs from
+//! different threads overlap), fenced with the caller's current stream by events both ways;
+//! the outputs are recorded on the caller's stream. The caller may use the outputs on
 //! its own stream right after run() returns. No host synchronisation. A no-op on CPU.
 struct pool_stream {
   constexpr explicit pool_stream(const model_context&) noexcept {}
@@ -19,9 +19,8 @@ struct pool_stream {
   template <class Inputs, class Body>
   c10::IValue execute(c10::Device device, const Inputs& inputs, Body&& body) {
     if (device.is_cpu()) return detail::run_on_host(device, std::forward<Body>(body));
-    const c10::Stream work =
-        c10::impl::getDeviceGuardImpl(device.type())->getStreamFromGlobalPool(device);
-    return detail::run_fenced(device, work, inputs, std::forward<Body>(body));
+    return detail::run_fenced(device, detail::thread_pool_stream(device), inputs,
+                              std::forward<Body>(body));
   }
 };
 
