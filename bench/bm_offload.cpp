@@ -78,25 +78,45 @@ timing summarise(std::vector<double> ms) {
   return {rank(0.5), rank(0.99)};
 }
 
-// Times `forward` with CUDA events on the current stream: `warmup` untimed calls, then `reps`.
+// Times single calls with CUDA events on the current stream (cuda:0's).
+class event_timer {
+ public:
+  event_timer() : stream_(c10::cuda::getCurrentCUDAStream(0).stream()) {
+    check_cuda(cudaEventCreate(&start_), "cudaEventCreate");
+    check_cuda(cudaEventCreate(&stop_), "cudaEventCreate");
+  }
+  event_timer(const event_timer&) = delete;
+  event_timer& operator=(const event_timer&) = delete;
+  ~event_timer() {
+    (void)cudaEventDestroy(start_);
+    (void)cudaEventDestroy(stop_);
+  }
+
+  // Milliseconds of device time from before `f`'s work to after it.
+  double once(const std::function<void()>& f) {
+    check_cuda(cudaEventRecord(start_, stream_), "cudaEventRecord");
+    f();
+    check_cuda(cudaEventRecord(stop_, stream_), "cudaEventRecord");
+    check_cuda(cudaEventSynchronize(stop_), "cudaEventSynchronize");
+    float elapsed = 0;
+    check_cuda(cudaEventElapsedTime(&elapsed, start_, stop_), "cudaEventElapsedTime");
+    return static_cast<double>(elapsed);
+  }
+
+ private:
+  cudaStream_t stream_;
+  cudaEvent_t start_ = nullptr;
+  cudaEvent_t stop_ = nullptr;
+};
+
+// Times `forward`: `warmup` untimed calls, then `reps`.
 timing time_forward(const std::function<void()>& forward) {
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(0).stream();
-  cudaEvent_t start = nullptr;
-  cudaEvent_t stop = nullptr;
-  check_cuda(cudaEventCreate(&start), "cudaEventCreate");
-  check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
+  event_timer timer;
   std::vector<double> ms;
   for (int i = 0; i < warmup + reps; ++i) {
-    check_cuda(cudaEventRecord(start, stream), "cudaEventRecord");
-    forward();
-    check_cuda(cudaEventRecord(stop, stream), "cudaEventRecord");
-    check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float elapsed = 0;
-    check_cuda(cudaEventElapsedTime(&elapsed, start, stop), "cudaEventElapsedTime");
-    if (i >= warmup) ms.push_back(elapsed);
+    const double t = timer.once(forward);
+    if (i >= warmup) ms.push_back(t);
   }
-  (void)cudaEventDestroy(start);
-  (void)cudaEventDestroy(stop);
   return summarise(ms);
 }
 
@@ -106,38 +126,23 @@ timing time_forward(const std::function<void()>& forward) {
 std::pair<timing, timing> time_paired(const std::function<void()>& a,
                                       const std::function<void()>& b) {
   constexpr int block = 6;
+  event_timer timer;
   std::vector<double> ta;
   std::vector<double> tb;
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(0).stream();
-  cudaEvent_t start = nullptr;
-  cudaEvent_t stop = nullptr;
-  check_cuda(cudaEventCreate(&start), "cudaEventCreate");
-  check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
-  const auto once = [&](const std::function<void()>& f) {
-    check_cuda(cudaEventRecord(start, stream), "cudaEventRecord");
-    f();
-    check_cuda(cudaEventRecord(stop, stream), "cudaEventRecord");
-    check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float elapsed = 0;
-    check_cuda(cudaEventElapsedTime(&elapsed, start, stop), "cudaEventElapsedTime");
-    return static_cast<double>(elapsed);
-  };
   for (int i = 0; i < warmup; ++i) {
-    once(a);
-    once(b);
+    timer.once(a);
+    timer.once(b);
   }
   while (static_cast<int>(ta.size()) < reps) {
     for (int i = 0; i < block; ++i) {
-      const double t = once(a);
+      const double t = timer.once(a);
       if (i > 0) ta.push_back(t);
     }
     for (int i = 0; i < block; ++i) {
-      const double t = once(b);
+      const double t = timer.once(b);
       if (i > 0) tb.push_back(t);
     }
   }
-  (void)cudaEventDestroy(start);
-  (void)cudaEventDestroy(stop);
   return {summarise(ta), summarise(tb)};
 }
 

@@ -632,12 +632,27 @@ def summary(verdicts):
     return "; ".join(out)
 
 
-def plot(pairs, other, path):
+def pyplot():
+    """matplotlib's pyplot with a file backend, or None where matplotlib is not installed."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def save_figure(plt, fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def plot(pairs, other, path):
+    plt = pyplot()
+    if plt is None:
         return False
     labels, raw_v, run_v, raw_e, run_e = [], [], [], [], []
     for feature, rw, rn in pairs:
@@ -682,20 +697,14 @@ def plot(pairs, other, path):
         ax.set_yscale("log")
         ax.set_ylabel("µs (median; whisker: p99)")
         ax.set_title("other benchmarks")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    return save_figure(plt, fig, path)
 
 
 def plot_offload(runs, limit, path):
     """A bar per measured offload row (resident reads no host memory: left out), its GB/s,
     with the pinned H2D limit as a line."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     bars = [r for r in runs if not r.error and "gbps" in counter_set(r)
             and r.param("variant") != "resident"]
@@ -712,10 +721,7 @@ def plot_offload(runs, limit, path):
         ax.legend(fontsize=8)
     ax.set_ylabel("GB/s of weights (median forward)")
     ax.set_title("weight offload")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    return save_figure(plt, fig, path)
 
 
 def main(argv):

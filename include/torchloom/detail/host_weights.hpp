@@ -35,6 +35,16 @@ inline void check_cuda(cudaError_t rc, const std::string& model, std::string_vie
 }
 #endif
 
+//! Refuses a CUDA device in a build without CUDA, for the residency policies that pin memory.
+inline void require_cuda_build(const std::string& model, c10::Device device,
+                               std::string_view policy) {
+  if (device.is_cuda() && !TORCHLOOM_HAS_CUDA) {
+    throw error(errc::unsupported, model,
+                concat(policy, " on a CUDA device needs a CUDA build of torchloom "
+                               "(TORCHLOOM_HAS_CUDA)"));
+  }
+}
+
 //! The weights' bytes in one host buffer.
 struct host_weights {
   std::shared_ptr<std::byte> buffer;  //!< page-aligned; registered with CUDA when `pinned`

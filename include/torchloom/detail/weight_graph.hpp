@@ -119,6 +119,25 @@ inline bool may_alias_undeclared(const Node* m) {
   return std::find(known.begin(), known.end(), kind) != known.end();
 }
 
+// Whether `v` (a list, dict or tuple) holds a tensor, at any depth.
+inline bool holds_tensor(const c10::IValue& v) {
+  if (v.isTensor()) return true;
+  if (v.isList()) {
+    for (const auto& e : v.toListRef()) {
+      if (holds_tensor(e)) return true;
+    }
+  } else if (v.isTuple()) {
+    for (const auto& e : v.toTupleRef().elements()) {
+      if (holds_tensor(e)) return true;
+    }
+  } else if (v.isGenericDict()) {
+    for (const auto& kv : v.toGenericDict()) {
+      if (holds_tensor(kv.value())) return true;
+    }
+  }
+  return false;
+}
+
 inline std::string join_path(const std::string& parent, const std::string& name) {
   return parent.empty() ? name : concat(parent, '.', name);
 }
@@ -155,6 +174,11 @@ inline found_weights find_weights(torch::jit::Graph& g, const torch::jit::Module
       const c10::IValue& v = object->getSlot(*slot);
       if (v.isObject()) {
         objects[n->output()] = {v.toObject(), join_path(path, name)};
+      } else if ((v.isList() || v.isGenericDict() || v.isTuple()) && holds_tensor(v)) {
+        throw error(errc::unsupported, model,
+                    concat("forward reads '", join_path(path, name),
+                           "', a container of tensors: only tensor attributes and tensor "
+                           "constants can be moved off the device"));
       } else if (v.isTensor() && v.toTensor().defined()) {
         const auto i = add(n->output(), v.toTensor(), join_path(path, name));
         auto& owners = found.weights[i].owners;
@@ -180,6 +204,10 @@ inline found_weights find_weights(torch::jit::Graph& g, const torch::jit::Module
       if (v && v->isTensor() && v->toTensor().defined()) {
         add(n->output(), v->toTensor(), concat("tensor constant ", constants++));
       }
+    } else if (kind == c10::prim::fork) {
+      throw error(errc::unsupported, model,
+                  "forward forks a task (torch.jit.fork): the weight reads of a forked "
+                  "subgraph cannot be scheduled");
     } else if (kind == c10::prim::CallMethod || kind == c10::prim::CallFunction) {
       for (const Value* in : n->inputs()) {
         const auto it = objects.find(in);

@@ -188,13 +188,7 @@ struct mapped_weights {
    public:
     holder(const Loader& l, const load_context& ctx)
         : map_(std::make_unique<detail::weight_map>(ctx.spec.name, ctx.device)) {
-#if !TORCHLOOM_HAS_CUDA
-      if (ctx.device.is_cuda()) {
-        throw error(errc::unsupported, ctx.spec.name,
-                    "mapped_weights on a CUDA device needs a CUDA build of torchloom "
-                    "(TORCHLOOM_HAS_CUDA)");
-      }
-#endif
+      detail::require_cuda_build(ctx.spec.name, ctx.device, "mapped_weights");
       const auto& budget = ctx.spec.options.weight_offload_budget_mb;
       const std::int64_t resident = budget ? *budget * (std::int64_t{1} << 20) : 0;
       if constexpr (torchscript) {

@@ -335,10 +335,18 @@ class weight_stream final : public weight_source {
       std::size_t y = x;
       std::ptrdiff_t wait = plan_.wait_for[x];
       std::ptrdiff_t cross = plan_.cross_wait[x];
-      while (y + 1 <= end && plan_.wait_for[y + 1] <= h &&
-             host_offset_[y + 1] == host_offset_[y] + schedule_.bytes[y] &&
-             plan_.offset[y + 1] == plan_.offset[y] + schedule_.bytes[y]) {
-        ++y;
+      // The copy that brings h itself, which h's kernels wait for now, takes on no wait later
+      // than its own: merging would hold them back for that too.
+      const bool needed_now = h >= 0 && x <= static_cast<std::size_t>(h);
+      while (y + 1 <= end) {
+        const std::size_t z = y + 1;
+        if (plan_.wait_for[z] > h) break;  // bytes still in use
+        if (needed_now && (plan_.wait_for[z] > wait || plan_.cross_wait[z] > cross)) break;
+        if (host_offset_[z] != host_offset_[y] + schedule_.bytes[y] ||
+            plan_.offset[z] != plan_.offset[y] + schedule_.bytes[y]) {
+          break;  // not adjacent in host memory or in the arena
+        }
+        y = z;
         wait = std::max(wait, plan_.wait_for[y]);
         cross = std::max(cross, plan_.cross_wait[y]);
       }
@@ -502,13 +510,7 @@ struct streamed_weights {
    public:
     holder(const Loader& l, const load_context& ctx)
         : stream_(std::make_unique<detail::weight_stream>(ctx.spec.name, ctx.device)) {
-#if !TORCHLOOM_HAS_CUDA
-      if (ctx.device.is_cuda()) {
-        throw error(errc::unsupported, ctx.spec.name,
-                    "streamed_weights on a CUDA device needs a CUDA build of torchloom "
-                    "(TORCHLOOM_HAS_CUDA)");
-      }
-#endif
+      detail::require_cuda_build(ctx.spec.name, ctx.device, "streamed_weights");
       // Loaded on the host: the weights must never all be on the device at once.
       model_ = l.load(load_context{ctx.spec, ctx.file, c10::Device(c10::kCPU)});
       detail::weight_rewrite rewrite =

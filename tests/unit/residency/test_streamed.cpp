@@ -279,6 +279,16 @@ TEST_CASE("streamed_weights: models whose weights cannot move are refused at loa
           "assigns the tensor attribute 'w'");
   refused("def forward(self, x):\n    return (self.w.type_as(x), x)\n",
           "may alias the weight 'w'");
+  // A list of tensors as an attribute: not moved, so refused rather than left behind.
+  torch::jit::Module listed("m");
+  listed.register_attribute("ws", c10::ListType::ofTensors(),
+                            c10::List<at::Tensor>({torch::randn({4})}));
+  listed.define("def forward(self, x):\n    return x + self.ws[0]\n");
+  torchloom_test::write_triton_model(dir / "listed", listed);
+  auto spec = model_spec::from_directory(dir / "listed");
+  spec.options.weight_offload_budget_mb = 1;
+  CHECK_TORCHLOOM_ERROR(streamed_runner(spec), errc::unsupported, "reads 'ws'",
+                        "a container of tensors");
 }
 
 TEST_CASE("streamed_weights: an op that returns a weight without declaring it keeps it alive",
