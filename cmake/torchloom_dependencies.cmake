@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Finds what torchloom's headers need: LibTorch and Boost >= 1.77 (Boost.Describe), and
 # reports whether the CUDA part can be built: a CUDA toolkit *and* a CUDA build of torch.
 # Sets TORCHLOOM_DEPENDENCIES_FOUND and TORCHLOOM_CUDA_FOUND.
@@ -46,12 +47,9 @@ macro(torchloom_find_dependencies)
     find_package(Torch ${_tl_required} QUIET)
   endif()
   if(NOT TARGET Boost::headers)
+    # Debian 12's default Boost is 1.74 (no Describe); 1.81 installs beside it, and a
+    # versioned find_package picks it among the two.
     find_package(Boost 1.77 QUIET CONFIG COMPONENTS headers)
-    if(NOT Boost_FOUND)
-      # Debian 12's default Boost is 1.74 (no Describe); 1.81 installs beside it.
-      find_package(Boost 1.81 EXACT QUIET CONFIG COMPONENTS headers
-                   PATHS /usr/lib/x86_64-linux-gnu/cmake/Boost-1.81.0)
-    endif()
     if(NOT Boost_FOUND AND _tl_required)
       message(FATAL_ERROR "torchloom needs Boost >= 1.77 for Boost.Describe "
                           "(Debian 12: apt-get install libboost1.81-dev)")

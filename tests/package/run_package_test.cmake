@@ -1,6 +1,12 @@
-# Installs torchloom from BUILD_DIR into a scratch prefix, then configures, builds and runs
-# the consumer project against it (MODE=find_package) or against the source tree
-# (MODE=add_subdirectory).
+# SPDX-License-Identifier: BSD-3-Clause
+# Package tests, run with cmake -P. MODE:
+#  find_package   install torchloom from BUILD_DIR into a scratch prefix, check that the
+#                 installed files name no path of this machine, then build and run the
+#                 consumer against it (it calls find_package twice);
+#  fetch_content  build and run the consumer with torchloom pulled in from SOURCE_DIR by
+#                 FetchContent, install the consumer and check that torchloom is not in it;
+#  no_torch       install, then configure a consumer with Torch hidden: QUIET must set
+#                 torchloom_FOUND false, REQUIRED must fail naming Torch.
 file(REMOVE_RECURSE ${WORK_DIR})
 
 function(run)
@@ -10,18 +16,64 @@ function(run)
   endif()
 endfunction()
 
-set(prefix_path "${WORK_DIR}/prefix")
+set(prefix "${WORK_DIR}/prefix")
 set(extra)
 if(POLICY_MINIMUM)
   list(APPEND extra -DCMAKE_POLICY_VERSION_MINIMUM=${POLICY_MINIMUM})
 endif()
-if(MODE STREQUAL "find_package")
-  run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
-else()
-  list(APPEND extra -DTORCHLOOM_SOURCE_DIR=${SOURCE_DIR})
+
+if(MODE STREQUAL "find_package" OR MODE STREQUAL "no_torch")
+  run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
 endif()
-run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consumer -B ${WORK_DIR}/build
-    -G ${GENERATOR} -DCMAKE_PREFIX_PATH=${prefix_path} -DTorch_DIR=${Torch_DIR}
-    -DBoost_DIR=${Boost_DIR} ${extra})
-run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
-run(${WORK_DIR}/build/consumer ${MODEL_DIR})
+
+if(MODE STREQUAL "find_package")
+  # Installed files must work on another machine: no path of this one in them.
+  file(GLOB_RECURSE installed ${prefix}/*.cmake)
+  foreach(f IN LISTS installed)
+    file(READ ${f} text)
+    foreach(machine_path IN ITEMS "${SOURCE_DIR}" "${BUILD_DIR}" "${Torch_DIR}" "${Boost_DIR}")
+      if(machine_path)
+        string(FIND "${text}" "${machine_path}" at)
+        if(NOT at EQUAL -1)
+          message(FATAL_ERROR "${f} names a path of the build machine: ${machine_path}")
+        endif()
+      endif()
+    endforeach()
+  endforeach()
+  run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consumer -B ${WORK_DIR}/build
+      -G ${GENERATOR} -DCMAKE_PREFIX_PATH=${prefix} -DTorch_DIR=${Torch_DIR} ${extra})
+  run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+  run(${WORK_DIR}/build/consumer ${MODEL_DIR})
+elseif(MODE STREQUAL "fetch_content")
+  run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consumer -B ${WORK_DIR}/build
+      -G ${GENERATOR} -DTORCHLOOM_SOURCE_DIR=${SOURCE_DIR} -DTorch_DIR=${Torch_DIR} ${extra})
+  run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+  run(${CMAKE_COMMAND} --install ${WORK_DIR}/build --prefix ${WORK_DIR}/install)
+  file(GLOB_RECURSE installed RELATIVE ${WORK_DIR}/install ${WORK_DIR}/install/*)
+  if(NOT installed)
+    message(FATAL_ERROR "the parent project installed nothing")
+  endif()
+  foreach(f IN LISTS installed)
+    if(f MATCHES "torchloom")
+      message(FATAL_ERROR "the parent project's install holds torchloom's ${f}")
+    endif()
+  endforeach()
+  message(STATUS "parent install: ${installed} (no torchloom files)")
+  run(${WORK_DIR}/build/consumer ${MODEL_DIR})
+elseif(MODE STREQUAL "no_torch")
+  run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/no_torch -B ${WORK_DIR}/quiet
+      -G ${GENERATOR} -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON
+      ${extra})
+  execute_process(
+    COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/no_torch -B ${WORK_DIR}/required
+            -G ${GENERATOR} -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON
+            -DTL_REQUIRED=ON ${extra}
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(rc EQUAL 0 OR NOT "${out}${err}" MATCHES "Torch")
+    message(FATAL_ERROR "find_package(torchloom REQUIRED) without Torch should fail naming "
+                        "Torch (exit ${rc}):\n${out}${err}")
+  endif()
+  message(STATUS "no_torch: REQUIRED fails naming Torch")
+else()
+  message(FATAL_ERROR "unknown MODE '${MODE}'")
+endif()
