@@ -257,6 +257,10 @@ if ((${#jsons[@]} == 0)); then
   exit 1
 fi
 rc=0
-python3 scripts/report.py --out "$OUT" "${jsons[@]}" 2>&1 | tee -a "$LOG" || rc=$?
+# The plots' titles name the GPU and torch's version.
+gpu_name="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)"
+torch_version="$(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null || true)"
+python3 scripts/report.py --out "$OUT" --gpu "${gpu_name:-unknown GPU}" \
+  --torch "${torch_version:-unknown}" "${jsons[@]}" 2>&1 | tee -a "$LOG" || rc=$?
 if ((rc != 0)); then status=1; fi
 exit "$status"

@@ -28,8 +28,10 @@ N*A). A streamed or mapped row whose output is not bitwise equal to resident's f
 own line (counted as "bitwise"). A target with no row to judge is "not measured" (skipped).
 
 Prints the Markdown tables (last thing on stdout), writes DIR/report.md and, when matplotlib
-is installed, DIR/latency.png and (with offload rows) DIR/offload.png. Standard library only
-otherwise.
+is installed, DIR/latency.png (runner ÷ raw ratios against their target line; loads on
+their own panel) and (with offload rows) DIR/offload.png (GB/s per row against the pinned
+limit); their titles name the GPU and torch's version (--gpu, --torch, else the results'
+context). Standard library only otherwise.
 """
 
 import argparse
@@ -650,59 +652,94 @@ def save_figure(plt, fig, path):
     return True
 
 
-def plot(pairs, other, path):
+def machine_title(contexts, gpu=None, torch=None):
+    """"NVIDIA H100 80GB HBM3, torch 2.11.0": the GPU and torch version, from the command
+    line or from the results' contexts (scripts/offload_peer.py writes device_name and
+    torch_version; a benchmark may add gpu and torch with AddCustomContext)."""
+    for _, ctx in contexts:
+        gpu = gpu or ctx.get("gpu") or ctx.get("device_name")
+        torch = torch or ctx.get("torch") or ctx.get("torch_version")
+    return f"{gpu or 'GPU not recorded'}, torch {torch or 'version not recorded'}"
+
+
+def point_label(feature, r):
+    """"overhead cpu batch:1": the benchmark and every parameter, to tell the rows apart."""
+    return " ".join([feature] + [v if k in ("device", "model") or k.startswith("arg")
+                                 else f"{k}:{v}" for k, v in r.params])
+
+
+def ratio_points(pairs, paired):
+    """Every runner ÷ raw comparison as (label, ratio, low, high, target, limit): the paired
+    benchmarks' median ratio with its min-max over the repetitions, else the separately run
+    pair's ratio of medians (no spread). Targets the paired benchmarks cover take theirs
+    only, as the verdicts do."""
+    points = []
+    for r in paired:
+        feature = r.base[len("BM_paired_"):]
+        tname, limit = target_for(feature)
+        med = r.counters.get("median") or r.counters.get("single")
+        if tname is None or r.error or not med or "ratio" not in med:
+            continue
+        lo = (r.counters.get("min") or med)["ratio"]
+        hi = (r.counters.get("max") or med)["ratio"]
+        points.append((point_label(feature, r), med["ratio"], lo, hi, tname, limit))
+    covered = {p[4] for p in points}
+    for feature, rw, rn in pairs:
+        tname, limit = target_for(feature)
+        if tname is None or tname in covered or rw.error or rn.error:
+            continue
+        if not rw.value() or rn.value() is None:
+            continue
+        ratio = rn.value() / rw.value()
+        points.append((point_label(feature, rw), ratio, ratio, ratio, tname, limit))
+    return points
+
+
+def plot(pairs, paired, path, title):
+    """runner ÷ raw per benchmark against its target line (T1 1.02 for calls, T10 1.05 for
+    loads, on their own panel): a ratio, not µs bars, so that 2% shows."""
     plt = pyplot()
     if plt is None:
         return False
-    labels, raw_v, run_v, raw_e, run_e = [], [], [], [], []
-    for feature, rw, rn in pairs:
-        if rw.error or rn.error or rw.value() is None or rn.value() is None:
-            continue
-        labels.append("\n".join([feature] + [f"{k}:{v}" for k, v in rw.params]))
-        raw_v.append(rw.value())
-        run_v.append(rn.value())
-        raw_e.append(max((rw.p99 or rw.value()) - rw.value(), 0))
-        run_e.append(max((rn.p99 or rn.value()) - rn.value(), 0))
-    singles = [r for r in other if not r.error and r.value() is not None]
-    if not labels and not singles:
+    points = ratio_points(pairs, paired)
+    panels = [(t, [p for p in points if p[4] == t]) for t in sorted({p[4] for p in points})]
+    panels.sort(key=lambda tp: tp[0] == "T10")  # calls first, loads last
+    if not panels:
         return False
-    fig, axes = plt.subplots(1, 2 if labels and singles else 1,
-                             figsize=(max(6, 1.6 * (len(labels) + len(singles)) + 2), 4.5),
-                             squeeze=False)
-    ax_i = 0
-    if labels:
-        ax = axes[0][ax_i]
-        ax_i += 1
-        x = list(range(len(labels)))
-        w = 0.38
-        ax.bar([i - w / 2 for i in x], raw_v, w, yerr=[[0] * len(x), raw_e], capsize=3,
-               label="raw LibTorch")
-        ax.bar([i + w / 2 for i in x], run_v, w, yerr=[[0] * len(x), run_e], capsize=3,
-               label="torchloom runner")
-        ax.set_xticks(x)
-        ax.set_xticklabels(labels, fontsize=7)
-        ax.set_yscale("log")
-        ax.set_ylabel("µs per call (median; whisker: p99)")
-        ax.set_title("runner vs raw call")
-        ax.legend(fontsize=8)
-    if singles:
-        ax = axes[0][ax_i]
-        x = list(range(len(singles)))
-        vals = [r.value() for r in singles]
-        errs = [max((r.p99 or r.value()) - r.value(), 0) for r in singles]
-        ax.bar(x, vals, 0.6, yerr=[[0] * len(x), errs], capsize=3)
-        ax.set_xticks(x)
-        ax.set_xticklabels(["\n".join([r.base] + [f"{k}:{v}" for k, v in r.params])
-                            for r in singles], fontsize=7)
-        ax.set_yscale("log")
-        ax.set_ylabel("µs (median; whisker: p99)")
-        ax.set_title("other benchmarks")
+    rows = max(len(ps) for _, ps in panels)
+    fig, axes = plt.subplots(1, len(panels), squeeze=False,
+                             figsize=(6.5 * len(panels), max(3.0, 0.42 * rows + 1.6)))
+    for ax, (tname, ps) in zip(axes[0], panels):
+        limit = ps[0][5]
+        y = list(range(len(ps)))[::-1]
+        ratios = [p[1] for p in ps]
+        colors = ["tab:green" if v <= limit else "tab:red" for v in ratios]
+        ax.errorbar(ratios, y, xerr=[[v - p[2] for v, p in zip(ratios, ps)],
+                                     [p[3] - v for v, p in zip(ratios, ps)]],
+                    fmt="none", ecolor="grey", capsize=3, lw=1)
+        ax.scatter(ratios, y, c=colors, zorder=3)
+        for v, yy in zip(ratios, y):
+            ax.annotate(f"{v:.3f}×", (v, yy), textcoords="offset points", xytext=(6, 4),
+                        fontsize=8)
+        ax.axvline(1.0, color="black", lw=0.8)
+        ax.axvline(limit, color="red", ls="--", label=f"target ≤ {limit:.2f}× ({tname})")
+        lo = min([p[2] for p in ps] + [1.0])
+        hi = max([p[3] for p in ps] + [limit])
+        pad = max(0.01, 0.15 * (hi - lo))
+        ax.set_xlim(lo - pad, hi + 2 * pad)
+        ax.set_ylim(-0.7, len(ps) - 0.3)
+        ax.set_yticks(y)
+        ax.set_yticklabels([p[0] for p in ps], fontsize=7)
+        what = "runner construction ÷ raw load" if tname == "T10" else "runner call ÷ raw call"
+        ax.set_xlabel(f"{what} (median; whisker: min–max over repetitions)")
+        ax.set_title(f"{what}\n{title}", fontsize=9)
+        ax.legend(fontsize=8, loc="lower right")
     return save_figure(plt, fig, path)
 
 
-def plot_offload(runs, limit, path):
-    """A bar per measured offload row (resident reads no host memory: left out), its GB/s,
-    with the pinned H2D limit as a line."""
+def plot_offload(runs, limit, path, title):
+    """A bar per measured offload row (resident reads no host memory: left out), its GB/s
+    written on it with its share of the limit, and the pinned H2D limit as a line."""
     plt = pyplot()
     if plt is None:
         return False
@@ -710,17 +747,28 @@ def plot_offload(runs, limit, path):
             and r.param("variant") != "resident"]
     if not bars:
         return False
-    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(bars) + 2), 4.5))
-    ax.bar(range(len(bars)), [counter_set(r)["gbps"] for r in bars], 0.6)
+    limit_gbps = None
+    if limit is not None and not limit.error and "gbps" in counter_set(limit):
+        limit_gbps = counter_set(limit)["gbps"]
+    values = [counter_set(r)["gbps"] for r in bars]
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(bars) + 2), 4.8))
+    drawn = ax.bar(range(len(bars)), values, 0.6)
+    labels = [f"{v:.1f} GB/s" + (f"\n{100 * v / limit_gbps:.0f}%" if limit_gbps else "")
+              for v in values]
+    # Inside the bars: above them the labels would cross the limit line.
+    ax.bar_label(drawn, labels=labels, fontsize=7, label_type="center", color="white",
+                 fontweight="bold")
     ax.set_xticks(range(len(bars)))
     ax.set_xticklabels(["\n".join(r.param(k) or "-" for k in ("model", "batch", "variant"))
                         for r in bars], fontsize=7)
-    if limit is not None and not limit.error and "gbps" in counter_set(limit):
-        ax.axhline(counter_set(limit)["gbps"], color="red", linestyle="--",
-                   label="pinned H2D limit")
-        ax.legend(fontsize=8)
-    ax.set_ylabel("GB/s of weights (median forward)")
-    ax.set_title("weight offload")
+    top = max(values + ([limit_gbps] if limit_gbps else []))
+    if limit_gbps:
+        ax.axhline(limit_gbps, color="red", linestyle="--",
+                   label=f"pinned H2D limit {limit_gbps:.1f} GB/s (same run)")
+        ax.legend(fontsize=8, loc="upper right")
+    ax.set_ylim(0, top * 1.22)
+    ax.set_ylabel("GB/s of weights moved (median forward)")
+    ax.set_title(f"weight offload: streamed and mapped weights\n{title}", fontsize=9)
     return save_figure(plt, fig, path)
 
 
@@ -729,6 +777,10 @@ def main(argv):
     ap.add_argument("files", nargs="+", help="Google Benchmark JSON output files")
     ap.add_argument("--out", default=".",
                     help="directory for report.md, latency.png and offload.png")
+    ap.add_argument("--gpu", help="the GPU's name for the plots' titles (default: from the "
+                    "results' context)")
+    ap.add_argument("--torch", help="torch's version for the plots' titles (default: from "
+                    "the results' context)")
     args = ap.parse_args(argv)
 
     try:
@@ -800,8 +852,9 @@ def main(argv):
 
     os.makedirs(args.out, exist_ok=True)
     png = os.path.join(args.out, "latency.png")
-    plotted = plot(pairs, other, png)
-    plotted_offload = plot_offload(runs, limit, os.path.join(args.out, "offload.png"))
+    title = machine_title(contexts, args.gpu, args.torch)
+    plotted = plot(pairs, paired, png, title)
+    plotted_offload = plot_offload(runs, limit, os.path.join(args.out, "offload.png"), title)
     with open(os.path.join(args.out, "report.md"), "w", encoding="utf-8") as f:
         f.write("# torchloom benchmark report\n\n")
         f.write(f"Machine: {machine}.  \nFiles: "
