@@ -11,6 +11,6 @@ set(macro_version "${MAJOR}.${MINOR}.${PATCH}")
 if(NOT macro_version STREQUAL PROJECT_VERSION OR NOT string_version STREQUAL PROJECT_VERSION)
   message(FATAL_ERROR "version.hpp says ${macro_version} (macros) and '${string_version}' "
                       "(version_string); CMakeLists.txt's project(VERSION) says "
-                      "${PROJECT_VERSION}: make them agree")
+                      "${PROJECT_VERSION}: they must be the same")
 endif()
 message(STATUS "version.hpp and project(VERSION) agree: ${PROJECT_VERSION}")
