@@ -207,7 +207,9 @@ namespace mp = boost::mp11;
 template <class D>
 using enumerator_value = std::integral_constant<decltype(D::value), D::value>;
 template <class E>
-using kind_values = mp::mp_transform<enumerator_value, boost::describe::describe_enumerators<E>>;
+using kind_values =
+    mp::mp_rename<mp::mp_transform<enumerator_value, boost::describe::describe_enumerators<E>>,
+                  mp::mp_list>;
 
 //! A choice as a type: mp_list of four integral_constants.
 template <class L, class H, class S, class R>
