@@ -1,0 +1,4 @@
+// run_model for the runner types with resident_weights.
+#include "run_model.hpp"
+
+template struct torchloom_run::runners_with<torchloom::residency_kind::resident>;
