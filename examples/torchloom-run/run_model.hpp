@@ -19,6 +19,8 @@
 #include <charconv>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <iomanip>
 #include <iostream>
 #include <numeric>

@@ -140,7 +140,8 @@ constexpr bool is_available(const policy_choice& c) noexcept {
   return why_unavailable(c).empty();
 }
 
-//! The policy type each enumerator names.
+//! The loader type a loader_kind names (for aoti below LibTorch 2.6, the stand-in whose use
+//! is a static_assert saying why).
 template <loader_kind K>
 struct loader_type_of;
 template <>
@@ -152,6 +153,7 @@ struct loader_type_of<loader_kind::aoti> {
   using type = aoti_loader;
 };
 
+//! The hook type a hook_kind names.
 template <hook_kind K>
 struct hook_type_of;
 template <>
@@ -163,6 +165,7 @@ struct hook_type_of<hook_kind::dlopen> {
   using type = dlopen_hook;
 };
 
+//! The stream policy type a stream_kind names.
 template <stream_kind K>
 struct stream_type_of;
 template <>
@@ -182,6 +185,7 @@ struct stream_type_of<stream_kind::green> {
   using type = green_context_stream;
 };
 
+//! The residency policy type a residency_kind names.
 template <residency_kind K>
 struct residency_type_of;
 template <>
