@@ -160,6 +160,8 @@ inline std::mutex& package_load_mutex() {
 //! synthesise inputs. Needs LibTorch >= 2.6.
 struct aoti_loader {
   using model_type = aoti_model;
+  //! The option keys this policy reads (a runner without it refuses them).
+  static constexpr std::string_view reads_options[] = {"AOTI_NUM_RUNNERS", "AOTI_MODEL_NAME"};
   static constexpr std::string_view default_filename = "model.pt2";
 
   //! The options that change what load() makes (shared_weights shares only equal ones).
