@@ -170,6 +170,12 @@ struct model_spec {
       if (!highest || v > *highest) highest = v;
     }
     if (version) {
+      if (fs::symlink_status(s.directory / std::to_string(*version), ec).type() ==
+          fs::file_type::not_found) {
+        throw error(errc::model_not_found, s.name,
+                    detail::concat("version ", *version, " not found in '",
+                                   s.directory.string(), "'"));
+      }
       detail::require_directory(s.name, s.directory / std::to_string(*version),
                                 detail::concat("version ", *version, " directory"));
       s.version = version;

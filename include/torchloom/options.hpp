@@ -84,8 +84,9 @@ struct runner_options {
 BOOST_DESCRIBE_STRUCT(runner_options, (),
                       (inference_mode, disable_optimized_execution, enable_jit_executor,
                        enable_jit_profiling, intra_op_thread_count, inter_op_thread_count,
-                       disable_cudnn, enable_tensor_fuser, enable_nvfuser, enable_cache_cleaning, enable_weight_sharing, model_init_library,
-                       op_libraries, green_context_sm_count, weight_offload_budget_mb,
+                       disable_cudnn, enable_tensor_fuser, enable_nvfuser, enable_cache_cleaning,
+                       enable_weight_sharing, model_init_library, op_libraries,
+                       green_context_sm_count, weight_offload_budget_mb,
                        weight_offload_prefetch_depth, aoti_num_runners, aoti_model_name,
                        warmup_iterations))
 

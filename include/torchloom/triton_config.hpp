@@ -162,7 +162,8 @@ inline std::string foreign_backend(const pb_field& root, std::size_t& line) {
       {"tensorrt_plan", "tensorrt"},         {"tensorflow_graphdef", "tensorflow"},
       {"tensorflow_savedmodel", "tensorflow"}, {"onnxruntime_onnx", "onnxruntime"},
       {"caffe2_netdef", "caffe2"},           {"ensemble", "ensemble"}};
-  if (const auto* p = root.find("platform"); p && !p->is_message && p->scalar != "pytorch_libtorch") {
+  if (const auto* p = root.find("platform");
+      p && !p->is_message && p->scalar != "pytorch_libtorch") {
     line = p->line;
     auto it = platforms.find(p->scalar);
     return concat(it != platforms.end() ? std::string(it->second) : printable(p->scalar, 64),

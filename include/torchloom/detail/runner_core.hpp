@@ -61,8 +61,9 @@ class runner_core {
     }
     if (o.disable_cudnn) {
       const bool off = *o.disable_cudnn;
-      settings_.push_back(setting_claim::make("DISABLE_CUDNN", off ? "true" : "false", spec_.name,
-                                              [off] { at::globalContext().setUserEnabledCuDNN(!off); }));
+      settings_.push_back(
+          setting_claim::make("DISABLE_CUDNN", off ? "true" : "false", spec_.name,
+                              [off] { at::globalContext().setUserEnabledCuDNN(!off); }));
     }
     if (o.enable_cache_cleaning && device_.is_cuda() && !TORCHLOOM_HAS_CUDA) {
       throw error(errc::unsupported, spec_.name,

@@ -74,7 +74,7 @@ inline std::size_t edit_distance(std::string_view a, std::string_view b) {
 inline constexpr std::size_t max_suggestion_length = 256;
 
 //! The candidates close to `word`, nearest first, at most `at_most`: those within a third of
-//! its length (at least 2 edits). Empty when none is that close.
+//! the longer of the two (at least 2 edits). Empty when none is that close.
 inline std::vector<std::string> closest(std::string_view word,
                                         const std::vector<std::string>& candidates,
                                         std::size_t at_most = 3) {
@@ -83,9 +83,9 @@ inline std::vector<std::string> closest(std::string_view word,
   for (const auto& c : candidates) ranked.emplace_back(edit_distance(word, c), c);
   std::stable_sort(ranked.begin(), ranked.end(),
                    [](const auto& x, const auto& y) { return x.first < y.first; });
-  const std::size_t limit = std::max<std::size_t>(2, word.size() / 3);
   std::vector<std::string> out;
   for (const auto& [d, c] : ranked) {
+    const std::size_t limit = std::max<std::size_t>(2, std::max(word.size(), c.size()) / 3);
     if (d <= limit && out.size() < at_most) out.push_back(c);
   }
   return out;

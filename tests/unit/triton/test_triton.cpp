@@ -79,9 +79,7 @@ TEST_CASE("config corpus: every file loads or fails as Triton would, naming fiel
     temp_dir t;
     const fs::path dir = t / entry.path().stem().string();
     fs::create_directories(dir / "1");
-    {
-      std::ofstream(dir / "config.pbtxt", std::ios::binary) << text;
-    }
+    { std::ofstream(dir / "config.pbtxt", std::ios::binary) << text; }
     INFO("config " << entry.path().filename().string());
     if (want.code == "ok") {
       CHECK_NOTHROW(model_spec::from_directory(dir));
@@ -90,7 +88,8 @@ TEST_CASE("config corpus: every file loads or fails as Triton would, naming fiel
     const auto e = torchloom_test::capture_error([&] { (void)model_spec::from_directory(dir); });
     INFO(e.what());
     CHECK(std::string(torchloom::to_string(e.code())) == want.code);
-    const std::string where = (dir / "config.pbtxt").string() + ":" + std::to_string(want.line) + ":";
+    const std::string where =
+        (dir / "config.pbtxt").string() + ":" + std::to_string(want.line) + ":";
     CHECK(torchloom_test::contains(e.what(), where));
     for (const auto& m : want.messages) {
       INFO("expected in the message: " << m);
@@ -102,7 +101,8 @@ TEST_CASE("config corpus: every file loads or fails as Triton would, naming fiel
 
 TEST_CASE("config corpus: the values of the configs that load", "[triton][spec]") {
   const fs::path corpus = fs::path(TORCHLOOM_TEST_DATA_DIR) / "configs";
-  const auto syntax = torchloom::parse_triton_config(read_text(corpus / "04_text_format_syntax.pbtxt"));
+  const auto syntax =
+      torchloom::parse_triton_config(read_text(corpus / "04_text_format_syntax.pbtxt"));
   CHECK(syntax.name == "syntax");
   CHECK(syntax.max_batch_size == 16);
   REQUIRE(syntax.inputs.size() == 1);
@@ -153,15 +153,16 @@ TEST_CASE("pytorch_backend keys: aliases, torch defaults, Python-runtime keys, c
   CHECK(*o.intra_op_thread_count == 0);
   CHECK_TORCHLOOM_ERROR(torchloom::set_option(o, "INTRA_OP_THREAD_COUNT", "4097"),
                         errc::invalid_option, "'4097'", "up to 4096", "torch's default");
-  for (const char* key : {"NUM_THREADS", "NUM_INTEROP_THREADS", "TORCH_COMPILE_OPTIONAL_PARAMETERS"}) {
-    CHECK_TORCHLOOM_ERROR(torchloom::set_option(o, key, "4", "m"), errc::unsupported,
-                          "model 'm'", key, "Triton's Python runtime for PyTorch");
+  for (const char* key :
+       {"NUM_THREADS", "NUM_INTEROP_THREADS", "TORCH_COMPILE_OPTIONAL_PARAMETERS"}) {
+    CHECK_TORCHLOOM_ERROR(torchloom::set_option(o, key, "4", "m"), errc::unsupported, "model 'm'",
+                          key, "Triton's Python runtime for PyTorch");
   }
-  CHECK_TORCHLOOM_ERROR(torchloom::set_option(o, "Inference_Mode", "true"),
-                        errc::invalid_option, "case-sensitive", "'INFERENCE_MODE'");
+  CHECK_TORCHLOOM_ERROR(torchloom::set_option(o, "Inference_Mode", "true"), errc::invalid_option,
+                        "case-sensitive", "'INFERENCE_MODE'");
   // Nothing close: no list of unrelated keys.
-  const auto far = torchloom_test::capture_error(
-      [&] { torchloom::set_option(o, "EXECUTION_ENV_PATH", "x"); });
+  const auto far =
+      torchloom_test::capture_error([&] { torchloom::set_option(o, "EXECUTION_ENV_PATH", "x"); });
   CHECK_FALSE(torchloom_test::contains(far.what(), "did you mean"));
 }
 
@@ -219,37 +220,40 @@ TEST_CASE("an option for a policy the runner does not have is refused, naming th
   CHECK_TORCHLOOM_ERROR(runner(spec().set("MODEL_INIT_LIBRARY", "libinit.so")),
                         errc::invalid_option, "MODEL_INIT_LIBRARY", "dlopen_hook",
                         "would be ignored");
-  CHECK_TORCHLOOM_ERROR(runner(spec().set("WEIGHT_OFFLOAD_BUDGET_MB", "64")),
-                        errc::invalid_option, "WEIGHT_OFFLOAD_BUDGET_MB", "streamed_weights");
-  CHECK_TORCHLOOM_ERROR(runner(spec().set("GREEN_CONTEXT_SM_COUNT", "8")),
-                        errc::invalid_option, "GREEN_CONTEXT_SM_COUNT", "green_context_stream");
+  CHECK_TORCHLOOM_ERROR(runner(spec().set("WEIGHT_OFFLOAD_BUDGET_MB", "64")), errc::invalid_option,
+                        "WEIGHT_OFFLOAD_BUDGET_MB", "streamed_weights");
+  CHECK_TORCHLOOM_ERROR(runner(spec().set("GREEN_CONTEXT_SM_COUNT", "8")), errc::invalid_option,
+                        "GREEN_CONTEXT_SM_COUNT", "green_context_stream");
   CHECK_TORCHLOOM_ERROR(runner(spec().set("AOTI_NUM_RUNNERS", "2")), errc::invalid_option,
                         "AOTI_NUM_RUNNERS", "aoti_loader");
   // The default value is not "given".
   CHECK_NOTHROW(runner(spec().set("WEIGHT_OFFLOAD_PREFETCH_DEPTH", "2")));
   // A policy that reads the key takes it (the hook fails on the missing library, later).
   using hooked = torchloom::model_runner<torchloom::torchscript_loader, torchloom::dlopen_hook>;
-  CHECK_TORCHLOOM_ERROR(hooked(spec().set("MODEL_INIT_LIBRARY", "libinit.so")),
-                        errc::hook_failed, "libinit.so");
+  CHECK_TORCHLOOM_ERROR(hooked(spec().set("MODEL_INIT_LIBRARY", "libinit.so")), errc::hook_failed,
+                        "libinit.so");
 }
 
 TEST_CASE("instance_group: the device comes from the config; a contradicting one is refused",
           "[triton][runner]") {
   temp_dir t;
   auto m = torchloom_test::make_linear();
-  torchloom_test::write_triton_model(t / "cpu", m, "instance_group [ { kind: KIND_CPU count: 2 } ]");
+  torchloom_test::write_triton_model(t / "cpu", m,
+                                     "instance_group [ { kind: KIND_CPU count: 2 } ]");
   runner on_cpu(model_spec::from_directory(t / "cpu"));
   CHECK(on_cpu.device().is_cpu());
   CHECK(on_cpu.run({torch::rand({2, 8})})[0].device().is_cpu());
 
-  torchloom_test::write_triton_model(t / "gpu", m, "instance_group [ { kind: KIND_GPU gpus: [ 1 ] } ]");
+  torchloom_test::write_triton_model(t / "gpu", m,
+                                     "instance_group [ { kind: KIND_GPU gpus: [ 1 ] } ]");
   CHECK_TORCHLOOM_ERROR(runner(model_spec::from_directory(t / "gpu"), c10::Device(c10::kCPU)),
                         errc::invalid_option, "model 'gpu'", "device cpu contradicts",
                         "instance_group", "cuda:1");
   if (torch::cuda::device_count() < 2) {
     // Without the device asked for, the runner takes cuda:1 from the config, and says that
     // this machine lacks it.
-    const auto e = torchloom_test::capture_error([&] { runner r(model_spec::from_directory(t / "gpu")); });
+    const auto e =
+        torchloom_test::capture_error([&] { runner r(model_spec::from_directory(t / "gpu")); });
     CHECK(e.code() == errc::unsupported);
     CHECK(torchloom_test::contains(e.what(), "cuda:1"));
   }
@@ -269,9 +273,9 @@ TEST_CASE("KIND_MODEL on a CPU-only model: loaded as saved, run on its parameter
   if (torch::cuda::device_count() == 0) {
     runner r(spec);
     CHECK(r.device().is_cpu());
-    CHECK(torch::allclose(r.run({torch::ones({1, 8})})[0],
-                          torch::linear(torch::ones({1, 8}), m.attr("w").toTensor(),
-                                        m.attr("b").toTensor())));
+    CHECK(torch::allclose(
+        r.run({torch::ones({1, 8})})[0],
+        torch::linear(torch::ones({1, 8}), m.attr("w").toTensor(), m.attr("b").toTensor())));
   }
 }
 
@@ -338,7 +342,8 @@ def forward(self, words: List[str]) -> List[str]:
   REQUIRE(out.size() == 2);
   CHECK(out.get(0).toStringRef() == "a!");
   CHECK(out.get(1).toStringRef() == "bc!");
-  CHECK_TORCHLOOM_ERROR(rs.run_ivalue({torch::rand({2})}), errc::bad_input, "List[str]");
+  CHECK_TORCHLOOM_ERROR(rs.run_ivalue({torch::rand({2})}), errc::bad_input,
+                        "input 0 ('words') must be", "got a Tensor");
 
   torch::jit::Module dict("dict");
   dict.define(R"(
@@ -354,8 +359,7 @@ def forward(self, d: Dict[str, Tensor]):
   c10::Dict<std::string, at::Tensor> bad;
   bad.insert("a", at::Tensor());
   bad.insert("b", torch::ones({2}));
-  CHECK_TORCHLOOM_ERROR(rd.run({bad}), errc::bad_input, "input 0 ('d')", "undefined Tensor",
-                        "'a'");
+  CHECK_TORCHLOOM_ERROR(rd.run({bad}), errc::bad_input, "input 0 ('d')", "undefined Tensor", "'a'");
 }
 
 TEST_CASE("model_warmup: every sample runs count times with zero, random or file data",
@@ -394,8 +398,8 @@ model_warmup [
     std::ofstream f(t / "m" / "warmup" / "x.bin", std::ios::binary);
     f << "short";
   }
-  CHECK_TORCHLOOM_ERROR(runner(model_spec::from_directory(t / "m")), errc::invalid_option,
-                        "x.bin", "holds 5 bytes", "needs 32");
+  CHECK_TORCHLOOM_ERROR(runner(model_spec::from_directory(t / "m")), errc::invalid_option, "x.bin",
+                        "holds 5 bytes", "needs 32");
 }
 
 TEST_CASE("hostile config.pbtxt: nesting, size, fields, NUL, pipes, devices, directories",
@@ -413,8 +417,8 @@ TEST_CASE("hostile config.pbtxt: nesting, size, fields, NUL, pipes, devices, dir
                           "nested deeper than 64");
     std::string lists;
     for (int i = 0; i < 20000; ++i) lists += "a [ {";
-    CHECK_TORCHLOOM_ERROR(torchloom::parse_triton_config(lists, "c.pbtxt"),
-                          errc::invalid_option, "nested deeper than 64");
+    CHECK_TORCHLOOM_ERROR(torchloom::parse_triton_config(lists, "c.pbtxt"), errc::invalid_option,
+                          "nested deeper than 64");
   }
   SECTION("larger than 1 MiB") {
     torchloom_test::write_file(config, "# " + std::string(std::size_t{2} << 20, 'x') + "\n");
@@ -449,8 +453,10 @@ TEST_CASE("hostile config.pbtxt: nesting, size, fields, NUL, pipes, devices, dir
   }
   SECTION("an 8 MiB unknown key: a short message") {
     const std::string key(std::size_t{8} << 20, 'K');
-    const auto e = torchloom_test::capture_error(
-        [&] { torchloom::runner_options o; torchloom::set_option(o, key, "1"); });
+    const auto e = torchloom_test::capture_error([&] {
+      torchloom::runner_options o;
+      torchloom::set_option(o, key, "1");
+    });
     CHECK(e.code() == errc::invalid_option);
     CHECK(std::string(e.what()).size() < 400);
     CHECK(torchloom_test::contains(e.what(), "(8388608 characters)"));
@@ -458,7 +464,8 @@ TEST_CASE("hostile config.pbtxt: nesting, size, fields, NUL, pipes, devices, dir
   SECTION("a newline in a value cannot forge a line") {
     torchloom_test::write_file(
         config, "parameters { key: \"WARMUP_ITERATIONS\" value { string_value: \"1\\nforged\" } }");
-    const auto e = torchloom_test::capture_error([&] { (void)model_spec::from_directory(t / "m"); });
+    const auto e =
+        torchloom_test::capture_error([&] { (void)model_spec::from_directory(t / "m"); });
     CHECK(std::string(e.what()).find('\n') == std::string::npos);
     CHECK(torchloom_test::contains(e.what(), "1\\nforged"));
   }
@@ -472,8 +479,8 @@ parameters { key: "INFERENCE_MODE" value { string_value: "false" } }
   }
   SECTION("default_model_filename outside the model directory") {
     torchloom_test::write_file(config, "default_model_filename: \"/etc/passwd\"");
-    CHECK_TORCHLOOM_ERROR(model_spec::from_directory(t / "m"), errc::invalid_option,
-                          "/etc/passwd", "inside the version directory");
+    CHECK_TORCHLOOM_ERROR(model_spec::from_directory(t / "m"), errc::invalid_option, "/etc/passwd",
+                          "inside the version directory");
     torchloom_test::write_file(config, "default_model_filename: \"sub/../../m.pt\"");
     CHECK_TORCHLOOM_ERROR(model_spec::from_directory(t / "m"), errc::invalid_option, "'..'");
   }
@@ -553,7 +560,8 @@ def forward(self, x):
     return torch.matmul(h.to(self.w1.device), self.w1.t())
 )");
   torchloom_test::write_triton_model(t / "m", m, "instance_group [ { kind: KIND_MODEL } ]");
-  using two_gpu_runner = torchloom::model_runner<torchloom::torchscript_loader, torchloom::no_hook, TestType>;
+  using two_gpu_runner =
+      torchloom::model_runner<torchloom::torchscript_loader, torchloom::no_hook, TestType>;
   two_gpu_runner r(model_spec::from_directory(t / "m"));
   CHECK(r.device() == gpu0);
   CHECK(r.model().module.attr("w1").toTensor().device() == gpu1);  // not remapped
