@@ -197,6 +197,7 @@ name: "c"
 parameters { key: "ENABLE_TENSOR_FUSER" value { string_value: "true" } }
 )");
   const bool cudnn_before = at::globalContext().userEnabledCuDNN();
+  const bool fuser_before = torch::jit::tensorExprFuserEnabled();
   {
     runner a(model_spec::from_directory(t / "a"));
     CHECK_FALSE(at::globalContext().userEnabledCuDNN());
@@ -208,7 +209,7 @@ parameters { key: "ENABLE_TENSOR_FUSER" value { string_value: "true" } }
                           "model 'c'", "ENABLE_TENSOR_FUSER");
   }
   at::globalContext().setUserEnabledCuDNN(cudnn_before);
-  torch::jit::setTensorExprFuserEnabled(true);
+  torch::jit::setTensorExprFuserEnabled(fuser_before);
 }
 
 TEST_CASE("an option for a policy the runner does not have is refused, naming the policy",
@@ -324,7 +325,7 @@ output [ { name: "sum" data_type: TYPE_FP32 dims: [ 3 ] },
   }
 }
 
-TEST_CASE("List[str] inputs and outputs, Dict[str, Tensor] inputs through run_ivalue",
+TEST_CASE("lists of strings in and out, and dicts of tensors in, through run_ivalue",
           "[triton][runner]") {
   temp_dir t;
   torch::jit::Module strings("strings");
