@@ -382,6 +382,7 @@ input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 parameters { key: "INFERENCE_MODE" value { string_value: "false" } }
 model_warmup [
   { name: "zeros" batch_size: 2 count: 3 inputs { key: "INPUT__0" value { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } },
+  { name: "random" batch_size: 1 count: 2 inputs { key: "INPUT__0" value { data_type: TYPE_FP32 dims: [ 4 ] random_data: true } } },
   { name: "file" batch_size: 2 inputs { key: "INPUT__0" value { data_type: TYPE_FP32 dims: [ 4 ] input_data_file: "x.bin" } } }
 ]
 )");
@@ -391,7 +392,7 @@ model_warmup [
     f.write(static_cast<const char*>(data.data_ptr()), 8 * sizeof(float));
   }
   runner r(model_spec::from_directory(t / "m"));
-  CHECK(r.model().module.attr("calls").toTensor().item<float>() == 4.0f);  // 3 + 1
+  CHECK(r.model().module.attr("calls").toTensor().item<float>() == 6.0f);  // 3 + 2 + 1
   CHECK(torch::equal(r.model().module.attr("last").toTensor(), data));
 
   // A file of the wrong size names the file and both sizes.
