@@ -156,10 +156,26 @@ class model_runner {
   //! `<NAME>__<index>` suffix says, else the config.pbtxt input of that name (the config's
   //! order being the forward's). Output `i` (an element of a tuple output, or the one
   //! output) is called by the config's output ending in `__<i>`, else the config's `i`-th
-  //! output, else `OUTPUT__<i>`. Throws bad_input naming an input the model does not have or
-  //! one that is missing; otherwise as run_ivalue().
+  //! output, else `OUTPUT__<i>`. A model whose one argument is a `Dict[str, Tensor]` gets the
+  //! inputs as that dict, keyed by their names (Triton's convention for such models). Throws
+  //! bad_input naming an input the model does not have or one that is missing; otherwise as
+  //! run_ivalue().
   std::map<std::string, c10::IValue> run_named(const std::map<std::string, c10::IValue>& inputs) {
     const auto& sig = core_.signature();
+    if (sig.size() == 1 && sig[0].type && sig[0].type->kind() == c10::TypeKind::DictType &&
+        inputs.count(sig[0].name) == 0) {
+      c10::Dict<std::string, at::Tensor> dict;
+      for (const auto& [name, value] : inputs) {
+        if (!value.isTensor()) {
+          throw error(errc::bad_input, core_.name(),
+                      detail::concat("input '", detail::printable(name, 64),
+                                     "' must be a Tensor (the model takes a Dict[str, Tensor]), "
+                                     "got ", detail::describe_ivalue(value)));
+        }
+        dict.insert(name, value.toTensor());
+      }
+      return name_outputs(run_ivalue({c10::IValue(std::move(dict))}));
+    }
     std::vector<c10::IValue> positional(sig.size());
     std::vector<bool> given(sig.size(), false);
     for (const auto& [name, value] : inputs) {
@@ -188,15 +204,7 @@ class model_runner {
       }
     }
     positional.resize(count);
-    const c10::IValue out = run_ivalue(std::move(positional));
-    std::map<std::string, c10::IValue> named;
-    if (out.isTuple()) {
-      const auto& elements = out.toTupleRef().elements();
-      for (std::size_t i = 0; i < elements.size(); ++i) named[core_.output_name(i)] = elements[i];
-    } else {
-      named[core_.output_name(0)] = out;
-    }
-    return named;
+    return name_outputs(run_ivalue(std::move(positional)));
   }
 
   //! The model's name (from config.pbtxt, else the directory or file name).
@@ -220,6 +228,18 @@ class model_runner {
   }
 
  private:
+  // run_named's outputs: each element of a tuple output, or the one output, by its name.
+  std::map<std::string, c10::IValue> name_outputs(const c10::IValue& out) const {
+    std::map<std::string, c10::IValue> named;
+    if (out.isTuple()) {
+      const auto& elements = out.toTupleRef().elements();
+      for (std::size_t i = 0; i < elements.size(); ++i) named[core_.output_name(i)] = elements[i];
+    } else {
+      named[core_.output_name(0)] = out;
+    }
+    return named;
+  }
+
   model_runner(model_spec spec, std::optional<c10::Device> device, int /*delegated*/)
       : core_(checked_spec(std::move(spec)), device),
         hook_(core_.context()),

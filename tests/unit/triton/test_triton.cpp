@@ -357,6 +357,13 @@ def forward(self, d: Dict[str, Tensor]):
   in.insert("a", torch::ones({2}));
   in.insert("b", torch::ones({2}));
   CHECK(torch::equal(rd.run({in})[0], torch::full({2}, 2.0)));
+  // run_named: a model of one Dict[str, Tensor] argument gets the named inputs as the dict,
+  // or the dict under the argument's own name.
+  auto named = rd.run_named({{"a", torch::ones({2})}, {"b", torch::full({2}, 3.0)}});
+  CHECK(torch::equal(named.at("OUTPUT__0").toTensor(), torch::full({2}, 4.0)));
+  CHECK(torch::equal(rd.run_named({{"d", in}}).at("OUTPUT__0").toTensor(), torch::full({2}, 2.0)));
+  CHECK_TORCHLOOM_ERROR(rd.run_named({{"a", torch::ones({2})}, {"b", c10::IValue(1)}}),
+                        errc::bad_input, "input 'b' must be a Tensor");
   c10::Dict<std::string, at::Tensor> bad;
   bad.insert("a", at::Tensor());
   bad.insert("b", torch::ones({2}));
