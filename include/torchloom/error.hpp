@@ -1,4 +1,6 @@
 #pragma once
+#include <torchloom/detail/strings.hpp>
+
 #include <boost/describe/enum.hpp>
 #include <boost/describe/enum_to_string.hpp>
 
@@ -32,14 +34,17 @@ inline std::string_view to_string(errc code) noexcept {
 }
 
 //! The one exception type torchloom throws. what() reads
-//! "torchloom: model 'NAME': MESSAGE [CODE]"; model() and code() give the parts.
+//! "torchloom: model 'NAME': MESSAGE [CODE]"; model() and code() give the parts. Control
+//! characters in the name and the message (a newline in a value from a config) are escaped
+//! (`\n`), so a message is always one line.
 class error : public std::runtime_error {
  public:
   error(errc code, std::string model, const std::string& message)
-      : std::runtime_error(format(code, model, message)),
+      : std::runtime_error(format(code, detail::escape_controls(model),
+                                  detail::escape_controls(message))),
         code_(code),
-        model_(std::move(model)),
-        message_(message) {}
+        model_(detail::escape_controls(model)),
+        message_(detail::escape_controls(message)) {}
 
   //! The error code.
   errc code() const noexcept { return code_; }

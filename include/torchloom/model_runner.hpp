@@ -20,7 +20,9 @@
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 
+#include <map>
 #include <optional>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -83,16 +85,17 @@ class model_runner {
   using residency_type = Residency;
   using model_type = typename detail::model_type_of<Loader>::type;
 
-  //! Loads `spec` on `device` (CPU by default). Throws torchloom::error: invalid_option,
-  //! model_not_found, hook_failed, load_failed, unsupported (e.g. a CUDA device without CUDA).
-  explicit model_runner(model_spec spec, c10::Device device = c10::Device(c10::kCPU))
-      : core_(std::move(spec), device),
-        hook_(core_.context()),
-        stream_(core_.context()),
-        weights_(loader_, core_.load(Loader::default_filename)) {
-    core_.set_signature(loader_.signature(weights_.model()));
-    core_.warm_up([this](std::vector<c10::IValue> in) { run_ivalue(std::move(in)); });
-  }
+  //! Loads `spec` on the device its config.pbtxt's instance_group names (KIND_CPU: cpu,
+  //! KIND_GPU: the first of `gpus`, KIND_MODEL: the model's own placement; cpu without an
+  //! instance_group or with KIND_AUTO). Throws torchloom::error: invalid_option (among them an
+  //! option that none of the runner's policies reads), model_not_found, hook_failed,
+  //! load_failed, unsupported (e.g. a CUDA device without CUDA).
+  explicit model_runner(model_spec spec) : model_runner(std::move(spec), std::nullopt, 0) {}
+
+  //! Loads `spec` on `device`, which must agree with config.pbtxt's instance_group where
+  //! there is one (invalid_option naming both otherwise). Throws as above.
+  model_runner(model_spec spec, c10::Device device)
+      : model_runner(std::move(spec), std::optional<c10::Device>(device), 0) {}
 
   model_runner(const model_runner&) = delete;
   model_runner& operator=(const model_runner&) = delete;
@@ -148,6 +151,62 @@ class model_runner {
     }
   }
 
+  //! Runs the model with its inputs given by name and returns its outputs by name, under
+  //! Triton's conventions: an input is the forward argument of that name, else the one its
+  //! `<NAME>__<index>` suffix says, else the config.pbtxt input of that name (the config's
+  //! order being the forward's). Output `i` (an element of a tuple output, or the one
+  //! output) is called by the config's output ending in `__<i>`, else the config's `i`-th
+  //! output, else `OUTPUT__<i>`. A model whose one argument is a `Dict[str, Tensor]` gets the
+  //! inputs as that dict, keyed by their names (Triton's convention for such models). Throws
+  //! bad_input naming an input the model does not have or one that is missing; otherwise as
+  //! run_ivalue().
+  std::map<std::string, c10::IValue> run_named(const std::map<std::string, c10::IValue>& inputs) {
+    const auto& sig = core_.signature();
+    if (sig.size() == 1 && sig[0].type && sig[0].type->kind() == c10::TypeKind::DictType &&
+        inputs.count(sig[0].name) == 0) {
+      c10::Dict<std::string, at::Tensor> dict;
+      for (const auto& [name, value] : inputs) {
+        if (!value.isTensor()) {
+          throw error(errc::bad_input, core_.name(),
+                      detail::concat("input '", detail::printable(name, 64),
+                                     "' must be a Tensor (the model takes a Dict[str, Tensor]), "
+                                     "got ", detail::describe_ivalue(value)));
+        }
+        dict.insert(name, value.toTensor());
+      }
+      return name_outputs(run_ivalue({c10::IValue(std::move(dict))}));
+    }
+    std::vector<c10::IValue> positional(sig.size());
+    std::vector<bool> given(sig.size(), false);
+    for (const auto& [name, value] : inputs) {
+      const auto pos = core_.input_position(name);
+      if (!pos) {
+        std::vector<std::string> names;
+        for (const auto& s : sig) names.push_back(s.name);
+        throw error(errc::bad_input, core_.name(),
+                    detail::concat("no input is called '", detail::printable(name, 64), "'",
+                                   detail::did_you_mean(name, names)));
+      }
+      if (given[*pos]) {
+        throw error(errc::bad_input, core_.name(),
+                    detail::concat("'", name, "' and another name both give ",
+                                   detail::input_label(sig, *pos)));
+      }
+      positional[*pos] = value;
+      given[*pos] = true;
+    }
+    std::size_t count = sig.size();
+    while (count > 0 && !given[count - 1] && sig[count - 1].has_default) --count;
+    for (std::size_t i = 0; i < count; ++i) {
+      if (!given[i]) {
+        throw error(errc::bad_input, core_.name(),
+                    detail::concat("run_named: no value for ", detail::input_label(sig, i)));
+      }
+    }
+    positional.resize(count);
+    return name_outputs(run_ivalue(std::move(positional)));
+  }
+
   //! The model's name (from config.pbtxt, else the directory or file name).
   const std::string& name() const noexcept { return core_.name(); }
   //! What the runner was built from, options included.
@@ -169,6 +228,49 @@ class model_runner {
   }
 
  private:
+  // run_named's outputs: each element of a tuple output, or the one output, by its name.
+  std::map<std::string, c10::IValue> name_outputs(const c10::IValue& out) const {
+    std::map<std::string, c10::IValue> named;
+    if (out.isTuple()) {
+      const auto& elements = out.toTupleRef().elements();
+      for (std::size_t i = 0; i < elements.size(); ++i) named[core_.output_name(i)] = elements[i];
+    } else {
+      named[core_.output_name(0)] = out;
+    }
+    return named;
+  }
+
+  model_runner(model_spec spec, std::optional<c10::Device> device, int /*delegated*/)
+      : core_(checked_spec(std::move(spec)), device),
+        hook_(core_.context()),
+        stream_(core_.context()),
+        weights_(loader_, core_.load(Loader::default_filename)) {
+    if constexpr (requires { loader_.model_device(weights_.model()); }) {
+      core_.adopt_model_device(loader_.model_device(weights_.model()));
+    }
+    core_.set_signature(loader_.signature(weights_.model()));
+    core_.warm_up([this](std::vector<c10::IValue> in) { run_ivalue(std::move(in)); });
+  }
+
+  // Options that only some policy reads must meet a policy of this runner that reads them:
+  // otherwise they would be ignored without a word (a hook library that never runs).
+  static model_spec checked_spec(model_spec spec) {
+    const runner_options defaults{};
+    for (const auto& [key, readers] : policy_option_readers()) {
+      if (get_option(spec.options, key) == get_option(defaults, key)) continue;
+      if (detail::reads_option<Loader>(key) || detail::reads_option<Hook>(key) ||
+          detail::reads_option<Stream>(key) || detail::reads_option<Residency>(key)) {
+        continue;
+      }
+      throw error(errc::invalid_option, spec.name,
+                  detail::concat("option ", key, "='",
+                                 detail::printable(get_option(spec.options, key), 64),
+                                 "' is read only by ", readers,
+                                 ", which this runner does not have: it would be ignored"));
+    }
+    return spec;
+  }
+
   // Runs `f` under InferenceMode (or no-grad) and the after-run work; torch's exceptions
   // become run_failed.
   template <class F>

@@ -6,7 +6,11 @@
 
 #include <c10/core/Device.h>
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
+#include <cstring>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -14,8 +18,62 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 namespace torchloom {
+
+namespace detail {
+
+//! Checks that `path` is a directory; throws model_not_found when it does not exist and
+//! invalid_option saying what it is otherwise (a file, a symlink loop, a name too long,
+//! permission denied: the system's reason).
+inline void require_directory(const std::string& model, const std::filesystem::path& path,
+                              std::string_view what) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto st = fs::status(path, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    throw error(errc::invalid_option, model,
+                concat(what, " '", path.string(), "' cannot be read: ", ec.message()));
+  }
+  if (st.type() == fs::file_type::not_found) {
+    throw error(errc::model_not_found, model,
+                concat(what, " '", path.string(), "' does not exist"));
+  }
+  if (st.type() != fs::file_type::directory) {
+    throw error(errc::invalid_option, model,
+                concat(what, " '", path.string(), "' is not a directory"));
+  }
+}
+
+//! Checks that the model file `path` can be read: model_not_found when it does not exist,
+//! load_failed saying why otherwise (a directory, not a regular file, permission denied, a
+//! name too long, a symlink loop: the system's reason).
+inline void require_model_file(const std::string& model, const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto st = fs::status(path, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    throw error(errc::load_failed, model,
+                concat("model file '", path.string(), "' cannot be read: ", ec.message()));
+  }
+  if (st.type() == fs::file_type::not_found) {
+    throw error(errc::model_not_found, model,
+                concat("model file '", path.string(), "' does not exist"));
+  }
+  if (st.type() != fs::file_type::regular) {
+    throw error(errc::load_failed, model,
+                concat("model file '", path.string(), "' is not a regular file",
+                       st.type() == fs::file_type::directory ? " (a directory)" : ""));
+  }
+  if (::access(path.c_str(), R_OK) != 0) {
+    const int err = errno;
+    throw error(errc::load_failed, model,
+                concat("model file '", path.string(), "' cannot be read: ", std::strerror(err)));
+  }
+}
+
+}  // namespace detail
 
 //! Which model to load and how: a model file, or a Triton-layout model directory
 //! (`config.pbtxt` + `<version>/<model file>`), with its options. A plain aggregate: build
@@ -32,11 +90,7 @@ struct model_spec {
   //! A single model file; its directory is the file's directory.
   //! Throws model_not_found when the file does not exist.
   static model_spec from_file(const std::filesystem::path& file) {
-    std::error_code ec;
-    if (!std::filesystem::is_regular_file(file, ec)) {
-      throw error(errc::model_not_found, file.stem().string(),
-                  detail::concat("model file '", file.string(), "' does not exist"));
-    }
+    detail::require_model_file(file.stem().string(), file);
     model_spec s;
     s.name = file.stem().string();
     s.file = std::filesystem::absolute(file);
@@ -45,26 +99,32 @@ struct model_spec {
     return s;
   }
 
-  //! A Triton-layout model directory. Picks `version` if given, else the highest numeric
-  //! version subdirectory. Reads config.pbtxt if present: its name, inputs, outputs, and its
-  //! `parameters`, which become options. Throws model_not_found (missing directory, no
-  //! version, missing version) or invalid_option (bad config or parameter).
+  //! A Triton-layout model directory. Picks `version` if given (0 or more), else the highest
+  //! numeric version subdirectory (written without leading zeros, as Triton names them).
+  //! Reads config.pbtxt if present (see read_triton_config): its name, inputs, outputs,
+  //! instance_group, model_warmup and its `parameters`, which become options. Throws
+  //! model_not_found (missing directory, no version, missing version), invalid_option (a bad
+  //! config or parameter; a directory that cannot be read, with the system's reason),
+  //! unsupported (a config for another backend; a key of Triton's Python runtime).
   static model_spec from_directory(const std::filesystem::path& dir,
                                    std::optional<std::int64_t> version = std::nullopt) {
     namespace fs = std::filesystem;
     std::error_code ec;
-    fs::path absolute = fs::absolute(dir).lexically_normal();
+    fs::path absolute = fs::absolute(dir, ec).lexically_normal();
     if (absolute.filename().empty()) absolute = absolute.parent_path();  // "models/x/"
     const std::string dir_name = absolute.filename().string();  // not stem: "m.v2" stays whole
-    if (!fs::is_directory(dir, ec)) {
-      throw error(errc::model_not_found, dir_name,
-                  detail::concat("model directory '", dir.string(), "' does not exist"));
+    detail::require_directory(dir_name, dir, "model directory");
+    if (version && *version < 0) {
+      throw error(errc::invalid_option, dir_name,
+                  detail::concat("version ", *version, " is not a version (0 or more)"));
     }
     model_spec s;
     s.directory = absolute;
     s.name = dir_name;
     const fs::path config_file = s.directory / "config.pbtxt";
-    if (fs::exists(config_file, ec)) {
+    // symlink_status: a config.pbtxt that is anything at all (a directory, a dangling link)
+    // is read and refused for what it is, never taken for "no config".
+    if (fs::symlink_status(config_file, ec).type() != fs::file_type::not_found) {
       try {
         s.config = read_triton_config(config_file);
       } catch (const error& e) {
@@ -75,49 +135,94 @@ struct model_spec {
         try {
           set_option(s.options, k, v, s.name);
         } catch (const error& e) {
-          throw error(errc::invalid_option, s.name,
-                      detail::concat("in '", config_file.string(), "' parameters: ",
+          throw error(e.code(), s.name,
+                      detail::concat(config_file.string(), ":",
+                                     s.config->parameter_lines.at(k), ": parameters: ",
                                      e.message()));
         }
       }
       s.file = s.config->default_model_filename;  // resolved below, if set
     }
     std::optional<std::int64_t> highest;
-    for (const auto& entry : fs::directory_iterator(s.directory, ec)) {
-      if (!entry.is_directory()) continue;
-      const std::string n = entry.path().filename().string();
+    std::vector<std::string> not_versions;  // numeric names Triton would not read as versions
+    fs::directory_iterator it(s.directory, ec);
+    if (ec) {
+      throw error(errc::invalid_option, s.name,
+                  detail::concat("cannot list model directory '", dir.string(),
+                                 "': ", ec.message()));
+    }
+    for (; it != fs::directory_iterator(); it.increment(ec)) {
+      if (ec) {
+        throw error(errc::invalid_option, s.name,
+                    detail::concat("cannot list model directory '", dir.string(),
+                                   "': ", ec.message()));
+      }
+      std::error_code type_ec;
+      if (!it->is_directory(type_ec)) continue;  // a symlink loop is not a version either
+      const std::string n = it->path().filename().string();
       std::int64_t v = 0;
       auto [end, err] = std::from_chars(n.data(), n.data() + n.size(), v);
       if (err != std::errc{} || end != n.data() + n.size() || v < 0) continue;
+      if (std::to_string(v) != n) {
+        not_versions.push_back(n);
+        continue;
+      }
       if (!highest || v > *highest) highest = v;
     }
     if (version) {
-      if (!fs::is_directory(s.directory / std::to_string(*version), ec)) {
+      if (fs::symlink_status(s.directory / std::to_string(*version), ec).type() ==
+          fs::file_type::not_found) {
         throw error(errc::model_not_found, s.name,
                     detail::concat("version ", *version, " not found in '",
                                    s.directory.string(), "'"));
       }
+      detail::require_directory(s.name, s.directory / std::to_string(*version),
+                                detail::concat("version ", *version, " directory"));
       s.version = version;
     } else if (highest) {
       s.version = highest;
     } else {
+      std::string why;
+      for (const auto& n : not_versions) {
+        why += detail::concat(why.empty() ? " ('" : ", '", detail::printable(n, 64), "/'");
+      }
+      if (!why.empty()) {
+        why += " is not a version directory: versions are written without leading zeros)";
+      }
       throw error(errc::model_not_found, s.name,
                   detail::concat("no version directory (such as '1/') in '",
-                                 s.directory.string(), "'"));
+                                 s.directory.string(), "'", why));
     }
     s.version_directory = s.directory / std::to_string(*s.version);
     if (!s.file.empty()) s.file = s.version_directory / s.file;
     return s;
   }
 
+  //! Whether config.pbtxt asks for KIND_MODEL: the model is loaded with the devices it was
+  //! saved with (possibly several GPUs), not moved to one.
+  bool model_placement() const {
+    if (!config) return false;
+    for (const auto& g : config->instance_groups) {
+      if (g.kind == "KIND_MODEL") return true;
+    }
+    return false;
+  }
+
   //! A file or a directory, whichever `path` is.
   static model_spec from_path(const std::filesystem::path& path) {
     std::error_code ec;
-    if (!std::filesystem::exists(path, ec)) {
+    const auto st = std::filesystem::status(path, ec);
+    if (ec && ec != std::errc::no_such_file_or_directory) {
+      throw error(errc::invalid_option, name_of(path),
+                  detail::concat("model path '", path.string(), "' cannot be read: ",
+                                 ec.message()));
+    }
+    if (st.type() == std::filesystem::file_type::not_found) {
       throw error(errc::model_not_found, name_of(path),
                   detail::concat("model path '", path.string(), "' does not exist"));
     }
-    return std::filesystem::is_directory(path, ec) ? from_directory(path) : from_file(path);
+    return st.type() == std::filesystem::file_type::directory ? from_directory(path)
+                                                               : from_file(path);
   }
 
   //! Sets one option (see torchloom::set_option for the errors).

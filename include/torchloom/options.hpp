@@ -8,6 +8,7 @@
 
 #include <charconv>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <ostream>
@@ -49,10 +50,17 @@ struct runner_options {
   //! TorchScript executor switches; process-wide in torch.
   std::optional<bool> enable_jit_executor;
   std::optional<bool> enable_jit_profiling;
-  //! torch thread pools; process-wide in torch.
-  std::optional<bounded<int, 1, 4096>> intra_op_thread_count;
-  std::optional<bounded<int, 1, 4096>> inter_op_thread_count;
-  //! Empty the CUDA caching allocator's cache after each run.
+  //! torch thread pools; process-wide in torch. 0 or less leaves torch's default (as in
+  //! Triton's PyTorch backend).
+  std::optional<bounded<int, std::numeric_limits<int>::min(), 4096>> intra_op_thread_count;
+  std::optional<bounded<int, std::numeric_limits<int>::min(), 4096>> inter_op_thread_count;
+  //! cuDNN off (true) or on; process-wide in torch.
+  std::optional<bool> disable_cudnn;
+  //! TorchScript's tensor-expression fuser (NNC) and nvFuser on or off; process-wide in torch.
+  std::optional<bool> enable_tensor_fuser;
+  std::optional<bool> enable_nvfuser;
+  //! Empty the CUDA caching allocator's cache after each run. Also spelt
+  //! CACHE_CLEANING_ENABLED (the name in Triton's PyTorch 2 runtime).
   bool enable_cache_cleaning = false;
   //! Runtime switch for shared_weights; unset means the policy's default.
   std::optional<bool> enable_weight_sharing;
@@ -76,8 +84,9 @@ struct runner_options {
 BOOST_DESCRIBE_STRUCT(runner_options, (),
                       (inference_mode, disable_optimized_execution, enable_jit_executor,
                        enable_jit_profiling, intra_op_thread_count, inter_op_thread_count,
-                       enable_cache_cleaning, enable_weight_sharing, model_init_library,
-                       op_libraries, green_context_sm_count, weight_offload_budget_mb,
+                       disable_cudnn, enable_tensor_fuser, enable_nvfuser, enable_cache_cleaning,
+                       enable_weight_sharing, model_init_library, op_libraries,
+                       green_context_sm_count, weight_offload_budget_mb,
                        weight_offload_prefetch_depth, aoti_num_runners, aoti_model_name,
                        warmup_iterations))
 
@@ -101,7 +110,11 @@ std::string accepted() {
   } else if constexpr (std::is_same_v<T, bool>) {
     return "a boolean: true/false, 1/0, yes/no or on/off";
   } else if constexpr (is_bounded<T>::value) {
-    return concat("an integer from ", +T::min, " to ", +T::max);
+    if constexpr (T::min == std::numeric_limits<typename T::value_type>::min()) {
+      return concat("an integer up to ", +T::max, " (0 or less: torch's default)");
+    } else {
+      return concat("an integer from ", +T::min, " to ", +T::max);
+    }
   } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
     return "a ';'-separated list";
   } else {
@@ -180,30 +193,93 @@ inline const std::vector<std::string>& option_keys() {
   return keys;
 }
 
-//! Sets one option from text. Keys are matched case-insensitively.
-//! Throws torchloom::error (invalid_option) naming the model, the key, the value and what the
-//! key accepts; for an unknown key, the closest valid keys.
+//! Other spellings of keys: Triton's PyTorch 2 runtime calls ENABLE_CACHE_CLEANING
+//! CACHE_CLEANING_ENABLED.
+inline const std::map<std::string, std::string, std::less<>>& option_aliases() {
+  static const std::map<std::string, std::string, std::less<>> aliases = {
+      {"CACHE_CLEANING_ENABLED", "ENABLE_CACHE_CLEANING"}};
+  return aliases;
+}
+
+//! Keys a policy reads and a runner without that policy would ignore, with the policies that
+//! read them. set_option accepts them; the runner refuses one given a value when none of its
+//! policies reads it (detail::check_policy_options).
+inline const std::map<std::string, std::string, std::less<>>& policy_option_readers() {
+  static const std::map<std::string, std::string, std::less<>> readers = {
+      {"MODEL_INIT_LIBRARY", "the hook policy dlopen_hook"},
+      {"GREEN_CONTEXT_SM_COUNT", "the stream policy green_context_stream"},
+      {"WEIGHT_OFFLOAD_BUDGET_MB", "the residency policies streamed_weights and mapped_weights"},
+      {"WEIGHT_OFFLOAD_PREFETCH_DEPTH", "the residency policy streamed_weights"},
+      {"AOTI_NUM_RUNNERS", "the loader aoti_loader"},
+      {"AOTI_MODEL_NAME", "the loader aoti_loader"}};
+  return readers;
+}
+
+namespace detail {
+//! Whether `Policy` reads option `key`: it lists the key in `Policy::reads_options`.
+template <class Policy>
+bool reads_option(std::string_view key) {
+  if constexpr (requires { Policy::reads_options; }) {
+    for (std::string_view k : Policy::reads_options) {
+      if (k == key) return true;
+    }
+  }
+  return false;
+}
+
+//! Keys of Triton's PyTorch backends that torchloom cannot honour, and why.
+inline std::string_view foreign_option(std::string_view key) {
+  if (key == "NUM_THREADS" || key == "NUM_INTEROP_THREADS" ||
+      key == "TORCH_COMPILE_OPTIONAL_PARAMETERS") {
+    return "belongs to Triton's Python runtime for PyTorch (model.py with torch.compile), "
+           "which torchloom does not run; use INTRA_OP_THREAD_COUNT and "
+           "INTER_OP_THREAD_COUNT for torch's thread pools";
+  }
+  return {};
+}
+}  // namespace detail
+
+//! Sets one option from text. Keys are case-sensitive, as in Triton (`INFERENCE_MODE`);
+//! CACHE_CLEANING_ENABLED is ENABLE_CACHE_CLEANING. Throws torchloom::error: invalid_option
+//! naming the model, the key, the value and what the key accepts, or for an unknown key the
+//! close valid keys; unsupported for keys of Triton's Python runtime (NUM_THREADS, ...).
+//! Keys and values are cut short and escaped in messages.
 inline void set_option(runner_options& options, std::string_view key, std::string_view value,
                        const std::string& model = {}) {
-  const std::string upper = detail::to_upper(detail::trim(key));
+  std::string name(detail::trim(key));
+  if (auto alias = option_aliases().find(name); alias != option_aliases().end()) {
+    name = alias->second;
+  }
   bool found = false;
   boost::mp11::mp_for_each<detail::option_members>([&](auto m) {
-    if (found || detail::to_upper(m.name) != upper) return;
+    if (found || detail::to_upper(m.name) != name) return;
     found = true;
     auto& member = options.*m.pointer;
     if (!detail::parse_value(value, member)) {
       using member_type = std::remove_cvref_t<decltype(member)>;
       throw error(errc::invalid_option, model,
-                  detail::concat("option ", upper, "='", value, "' is not valid: expected ",
-                                 detail::accepted<member_type>()));
+                  detail::concat("option ", name, "='", detail::printable(value, 64),
+                                 "' is not valid: expected ", detail::accepted<member_type>()));
     }
   });
-  if (!found) {
-    throw error(errc::invalid_option, model,
-                detail::concat("unknown option '", key, "'; did you mean ",
-                               detail::quoted_list(detail::closest(upper, option_keys()), " or "),
-                               "?"));
+  if (found) return;
+  if (const auto why = detail::foreign_option(name); !why.empty()) {
+    throw error(errc::unsupported, model, detail::concat("option ", name, " ", why));
   }
+  std::vector<std::string> candidates = option_keys();
+  for (const auto& [alias, target] : option_aliases()) candidates.push_back(alias);
+  const std::string upper = detail::to_upper(name);
+  for (const auto& k : candidates) {
+    if (k == upper && key.size() <= detail::max_suggestion_length) {
+      throw error(errc::invalid_option, model,
+                  detail::concat("unknown option '", detail::printable(key, 64),
+                                 "'; keys are case-sensitive, as in Triton: did you mean '", k,
+                                 "'?"));
+    }
+  }
+  throw error(errc::invalid_option, model,
+              detail::concat("unknown option '", detail::printable(key, 64), "'",
+                             detail::did_you_mean(upper, candidates)));
 }
 
 //! Applies every key of `values` on top of `base` (see set_option for the errors).
@@ -213,14 +289,21 @@ inline runner_options parse_options(const std::map<std::string, std::string>& va
   return base;
 }
 
-//! The value of one option as text; throws invalid_option for an unknown key.
+//! The value of one option as text (the key as set_option takes it); throws invalid_option
+//! for an unknown key.
 inline std::string get_option(const runner_options& options, std::string_view key) {
-  const std::string upper = detail::to_upper(key);
+  std::string upper(key);
+  if (auto alias = option_aliases().find(upper); alias != option_aliases().end()) {
+    upper = alias->second;
+  }
   std::optional<std::string> out;
   boost::mp11::mp_for_each<detail::option_members>([&](auto m) {
     if (detail::to_upper(m.name) == upper) out = detail::format_value(options.*m.pointer);
   });
-  if (!out) throw error(errc::invalid_option, {}, detail::concat("unknown option '", key, "'"));
+  if (!out) {
+    throw error(errc::invalid_option, {},
+                detail::concat("unknown option '", detail::printable(key, 64), "'"));
+  }
   return *out;
 }
 

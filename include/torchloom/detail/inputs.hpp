@@ -93,6 +93,7 @@ inline void check_inputs(const std::string& model, const input_signature& sig,
                          std::vector<c10::IValue>& inputs, c10::Device device) {
   check_input_count(model, sig, inputs.size());
   bool needs_move = false;
+  std::vector<std::size_t> dicts_to_move;
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const auto& spec = sig[i];
     const auto& v = inputs[i];
@@ -101,6 +102,30 @@ inline void check_inputs(const std::string& model, const input_signature& sig,
         throw error(errc::bad_input, model,
                     concat(input_label(sig, i), " must be ", spec.type->str(), ", got ",
                            describe_ivalue(v)));
+      }
+      // A Dict[str, Tensor] input: its tensors are checked and moved like tensor inputs.
+      if (v.isGenericDict()) {
+        bool move = false;
+        for (const auto& kv : v.toGenericDict()) {
+          if (!kv.value().isTensor()) continue;
+          const at::Tensor& t = kv.value().toTensor();
+          const std::string key =
+              kv.key().isString() ? concat("'", printable(kv.key().toStringRef(), 64), "'")
+                                  : std::string("a key");
+          if (!t.defined()) {
+            throw error(errc::bad_input, model,
+                        concat(input_label(sig, i), " holds an undefined Tensor at ", key));
+          }
+          if (t.device() == device) continue;
+          if (!t.device().is_cpu()) {
+            throw error(errc::bad_input, model,
+                        concat(input_label(sig, i), " holds a Tensor on ", t.device(), " at ",
+                               key, " but the runner is on ", device,
+                               "; only CPU inputs are moved to the runner's device"));
+          }
+          move = true;
+        }
+        if (move) dicts_to_move.push_back(i);
       }
       continue;
     }
@@ -114,6 +139,16 @@ inline void check_inputs(const std::string& model, const input_signature& sig,
     for (auto& v : inputs) {
       if (v.isTensor() && v.toTensor().device() != device) v = v.toTensor().to(device);
     }
+  }
+  for (const std::size_t i : dicts_to_move) {
+    const auto dict = inputs[i].toGenericDict();
+    c10::impl::GenericDict moved(dict.keyType(), dict.valueType());
+    for (const auto& kv : dict) {
+      const bool cpu_tensor = kv.value().isTensor() && kv.value().toTensor().device() != device;
+      moved.insert(kv.key(), cpu_tensor ? c10::IValue(kv.value().toTensor().to(device))
+                                        : kv.value());
+    }
+    inputs[i] = c10::IValue(std::move(moved));
   }
 }
 

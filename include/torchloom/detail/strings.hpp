@@ -69,24 +69,71 @@ inline std::size_t edit_distance(std::string_view a, std::string_view b) {
   return row[b.size()];
 }
 
-//! The candidates closest to `word`, nearest first, at most `at_most`: those within a third
-//! of its length (at least 2 edits), or the nearest ones when none is that close.
+//! Words longer than this get no "did you mean": no key is that long, and ranking them would
+//! cost time in proportion to their length.
+inline constexpr std::size_t max_suggestion_length = 256;
+
+//! The candidates close to `word`, nearest first, at most `at_most`: those within a third of
+//! the longer of the two (at least 2 edits). Empty when none is that close.
 inline std::vector<std::string> closest(std::string_view word,
                                         const std::vector<std::string>& candidates,
                                         std::size_t at_most = 3) {
+  if (word.size() > max_suggestion_length) return {};
   std::vector<std::pair<std::size_t, std::string>> ranked;
   for (const auto& c : candidates) ranked.emplace_back(edit_distance(word, c), c);
   std::stable_sort(ranked.begin(), ranked.end(),
                    [](const auto& x, const auto& y) { return x.first < y.first; });
-  const std::size_t limit = std::max<std::size_t>(2, word.size() / 3);
   std::vector<std::string> out;
   for (const auto& [d, c] : ranked) {
+    const std::size_t limit = std::max<std::size_t>(2, std::max(word.size(), c.size()) / 3);
     if (d <= limit && out.size() < at_most) out.push_back(c);
   }
-  if (out.empty()) {
-    for (std::size_t i = 0; i < ranked.size() && i < at_most; ++i) out.push_back(ranked[i].second);
+  return out;
+}
+
+//! "; did you mean 'A' or 'B'?" for the close candidates, or nothing.
+inline std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates) {
+  const auto near = closest(word, candidates);
+  if (near.empty()) return {};
+  std::string out = "; did you mean ";
+  for (std::size_t i = 0; i < near.size(); ++i) {
+    if (i > 0) out += (i + 1 == near.size()) ? " or " : ", ";
+    out += "'" + near[i] + "'";
+  }
+  return out + "?";
+}
+
+//! `text` with control characters escaped (`\n`, `\t`, `\x01`), so that no value can
+//! start a forged line in a message or a log.
+inline std::string escape_controls(std::string_view text) {
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(text.size());
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c >= 0x20 && c != 0x7f) {
+      out += ch;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 0xf];
+    }
   }
   return out;
+}
+
+//! `text` fit for an error message: control characters escaped, and at most `max` characters
+//! of it, saying how long it was when cut.
+inline std::string printable(std::string_view text, std::size_t max = 200) {
+  if (text.size() <= max) return escape_controls(text);
+  return escape_controls(text.substr(0, max)) + "... (" + std::to_string(text.size()) +
+         " characters)";
 }
 
 //! "'A', 'B' or 'C'".

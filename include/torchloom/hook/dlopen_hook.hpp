@@ -31,6 +31,9 @@ namespace torchloom {
 //! dlerror() or the hook's own message, and leaves nothing loaded.
 class dlopen_hook {
  public:
+  //! The option keys this policy reads (a runner without it refuses them).
+  static constexpr std::string_view reads_options[] = {"MODEL_INIT_LIBRARY"};
+
   explicit dlopen_hook(const model_context& ctx) {
     const std::string& library = ctx.options.model_init_library;
     if (library.empty()) return;

@@ -160,6 +160,9 @@ inline std::mutex& package_load_mutex() {
 //! synthesise inputs. Needs LibTorch >= 2.6.
 struct aoti_loader {
   using model_type = aoti_model;
+  //! The option keys this policy reads (a runner without it refuses them).
+  static constexpr std::string_view reads_options[] = {"AOTI_NUM_RUNNERS",
+                                                       "AOTI_MODEL_NAME"};
   static constexpr std::string_view default_filename = "model.pt2";
 
   //! The options that change what load() makes (shared_weights shares only equal ones).
@@ -175,6 +178,11 @@ struct aoti_loader {
     const std::string& name = ctx.spec.name;
     const std::string file = ctx.file.string();
     detail::check_package_file(name, ctx.file);
+    if (ctx.spec.model_placement()) {
+      throw error(errc::unsupported, name,
+                  "instance_group KIND_MODEL: an AOTInductor package is compiled for one "
+                  "device; use KIND_GPU or KIND_CPU, or a TorchScript model");
+    }
     const auto& opts = ctx.spec.options;
     model_type m;
     std::vector<std::string> call_spec;

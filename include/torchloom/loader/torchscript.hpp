@@ -5,10 +5,18 @@
 #include <torchloom/detail/torch_error.hpp>
 #include <torchloom/error.hpp>
 
+#include <torch/csrc/jit/passes/tensorexpr_fuser.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
+#if __has_include(<torch/csrc/jit/codegen/cuda/interface.h>)
+#include <torch/csrc/jit/codegen/cuda/interface.h>
+#define TORCHLOOM_HAS_NVFUSER_SWITCH 1
+#else
+#define TORCHLOOM_HAS_NVFUSER_SWITCH 0
+#endif
 #include <torch/script.h>
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -38,7 +46,8 @@ struct torchscript_loader {
     return detail::concat("torchscript disable_optimized_execution=",
                           o.disable_optimized_execution, " jit_executor=",
                           flag(o.enable_jit_executor), " jit_profiling=",
-                          flag(o.enable_jit_profiling));
+                          flag(o.enable_jit_profiling), " tensor_fuser=",
+                          flag(o.enable_tensor_fuser), " nvfuser=", flag(o.enable_nvfuser));
   }
 
   //! Throws model_not_found (no file), load_failed (not a TorchScript file, or torch failed
@@ -46,11 +55,7 @@ struct torchscript_loader {
   model_type load(const load_context& ctx) const {
     const auto& name = ctx.spec.name;
     const auto& opts = ctx.spec.options;
-    std::error_code ec;
-    if (!std::filesystem::is_regular_file(ctx.file, ec)) {
-      throw error(errc::model_not_found, name,
-                  detail::concat("model file '", ctx.file.string(), "' does not exist"));
-    }
+    detail::require_model_file(name, ctx.file);
     model_type m;
     if (opts.enable_jit_executor) {
       const bool v = *opts.enable_jit_executor;
@@ -64,8 +69,34 @@ struct torchscript_loader {
           "ENABLE_JIT_PROFILING", v ? "true" : "false", name,
           [v] { torch::jit::getProfilingMode() = v; }));
     }
+    if (opts.enable_tensor_fuser) {
+      const bool v = *opts.enable_tensor_fuser;
+      m.settings.push_back(detail::setting_claim::make(
+          "ENABLE_TENSOR_FUSER", v ? "true" : "false", name,
+          [v] { torch::jit::setTensorExprFuserEnabled(v); }));
+    }
+    if (opts.enable_nvfuser) {
+      const bool v = *opts.enable_nvfuser;
+#if TORCHLOOM_HAS_NVFUSER_SWITCH
+      m.settings.push_back(detail::setting_claim::make(
+          "ENABLE_NVFUSER", v ? "true" : "false", name,
+          [v] { (void)torch::jit::fuser::cuda::setEnabled(v); }));
+#else
+      m.settings.push_back(detail::setting_claim::make(
+          "ENABLE_NVFUSER", v ? "true" : "false", name, [v, &name] {
+            if (v) {
+              throw error(errc::unsupported, name,
+                          "ENABLE_NVFUSER=true: this LibTorch has no nvFuser");
+            }
+          }));
+#endif
+    }
+    // KIND_MODEL: the devices the model was saved with stand (a model across GPUs). Residency
+    // policies that load on the host and place the weights themselves pass a CPU device.
+    const bool keep_devices = ctx.spec.model_placement() && !ctx.device.is_cpu();
     try {
-      m.module = torch::jit::load(ctx.file.string(), ctx.device);
+      m.module = keep_devices ? torch::jit::load(ctx.file.string())
+                              : torch::jit::load(ctx.file.string(), ctx.device);
     } catch (const std::exception& e) {
       throw error(errc::load_failed, name,
                   detail::concat("cannot load TorchScript file '", ctx.file.string(),
@@ -78,6 +109,13 @@ struct torchscript_loader {
     m.module.eval();
     m.optimized_execution = !opts.disable_optimized_execution;
     return m;
+  }
+
+  //! KIND_MODEL: the device of the model's first parameter (or buffer), where its inputs go.
+  std::optional<c10::Device> model_device(const model_type& m) const {
+    for (const auto& p : m.module.parameters()) return p.device();
+    for (const auto& b : m.module.buffers()) return b.device();
+    return std::nullopt;
   }
 
   //! The forward method's arguments (without self), from its schema.

@@ -173,6 +173,8 @@ class weight_map final : public weight_source {
 //! holds every weight once, briefly, while the package loads. run() may be called from
 //! several threads at once. On a CPU device the weights stay in host memory.
 struct mapped_weights {
+  //! The option keys this policy reads (a runner without it refuses them).
+  static constexpr std::string_view reads_options[] = {"WEIGHT_OFFLOAD_BUDGET_MB"};
   template <class Loader>
   class holder {
     static constexpr bool torchscript = std::is_same_v<Loader, torchscript_loader>;

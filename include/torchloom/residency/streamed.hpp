@@ -501,6 +501,9 @@ class weight_stream final : public weight_source {
 //! invalid_option. A model that writes into a weight or returns one is unsupported. On a CPU
 //! device the same schedule runs with plain memory copies (for tests).
 struct streamed_weights {
+  //! The option keys this policy reads (a runner without it refuses them).
+  static constexpr std::string_view reads_options[] = {"WEIGHT_OFFLOAD_BUDGET_MB",
+                                                       "WEIGHT_OFFLOAD_PREFETCH_DEPTH"};
   template <class Loader>
   class holder {
     static_assert(std::is_same_v<Loader, torchscript_loader>,

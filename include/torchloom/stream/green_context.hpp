@@ -46,6 +46,8 @@ template <green_partition P>
 class basic_green_context_stream {
  public:
   static constexpr green_partition partition = P;
+  //! The option keys this policy reads (a runner without it refuses them).
+  static constexpr std::string_view reads_options[] = {"GREEN_CONTEXT_SM_COUNT"};
 
   explicit basic_green_context_stream(const model_context& ctx) {
     if (ctx.device.is_cpu()) return;
@@ -99,6 +101,8 @@ template <green_partition P>
 class basic_green_context_stream {
  public:
   static constexpr green_partition partition = P;
+  //! The option keys this policy reads (a runner without it refuses them).
+  static constexpr std::string_view reads_options[] = {"GREEN_CONTEXT_SM_COUNT"};
 
   template <class T = void>
   explicit basic_green_context_stream(const model_context&) {

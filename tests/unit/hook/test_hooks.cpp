@@ -192,8 +192,15 @@ TEST_CASE("dlopen_hook: the hook registers the tables, the model uses them, fini
 TEST_CASE("Without the hook, the model loads and its first run fails with the op's error",
           "[hook]") {
   e2e_model model;
-  torchloom::model_runner<torchloom::torchscript_loader> r(
-      torchloom::model_spec::from_directory(model.path()));
+  // A runner without dlopen_hook refuses MODEL_INIT_LIBRARY rather than ignore it...
+  CHECK_TORCHLOOM_ERROR(torchloom::model_runner<torchloom::torchscript_loader>(
+                            torchloom::model_spec::from_directory(model.path())),
+                        errc::invalid_option, "model 'embed'", "MODEL_INIT_LIBRARY",
+                        "dlopen_hook");
+  // ...and without the option the model loads; the op then misses its table.
+  auto spec = torchloom::model_spec::from_directory(model.path());
+  spec.options.model_init_library.clear();
+  torchloom::model_runner<torchloom::torchscript_loader> r(std::move(spec));
   CHECK_TORCHLOOM_ERROR(r.run({model.keys}), errc::run_failed, "model 'embed'",
                         "tl_test::lookup: no embedding table is registered for layer 0");
 }

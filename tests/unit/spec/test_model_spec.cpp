@@ -79,7 +79,7 @@ TEST_CASE("config.pbtxt: name, parameters as options, default_model_filename", "
 name: "ranker"
 default_model_filename: "weights.pt"
 parameters: { key: "INFERENCE_MODE" value: { string_value: "off" } }
-parameters: { key: "warmup_iterations" value: { string_value: "2" } }
+parameters: { key: "WARMUP_ITERATIONS" value: { string_value: "2" } }
 )");
   const auto s = model_spec::from_directory(t / "dir");
   CHECK(s.name == "ranker");
