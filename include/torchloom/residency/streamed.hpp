@@ -501,6 +501,9 @@ class weight_stream final : public weight_source {
 //! invalid_option. A model that writes into a weight or returns one is unsupported. On a CPU
 //! device the same schedule runs with plain memory copies (for tests).
 struct streamed_weights {
+  //! A CUDA graph would replay the first run's copies: graphed<Stream> refuses this policy.
+  static constexpr bool graph_capturable = false;
+
   template <class Loader>
   class holder {
     static_assert(std::is_same_v<Loader, torchscript_loader>,
