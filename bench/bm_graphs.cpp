@@ -254,7 +254,7 @@ void register_benchmarks() {
     for (const auto& [lname, l] : {std::pair{"torchscript", loader_kind::torchscript},
                                    std::pair{"aoti", loader_kind::aoti}}) {
       for (const std::int64_t batch : {1, 8, 64}) {
-        const std::string name = std::string("BM_paired_graphs/model:") + mname +
+        const std::string name = std::string("BM_graphs/model:") + mname +
                                  "/loader:" + lname + "/batch:" + std::to_string(batch);
         benchmark::RegisterBenchmark(name.c_str(), bm_paired_graphs, m, l, batch)
             ->Unit(benchmark::kMicrosecond)

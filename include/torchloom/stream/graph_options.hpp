@@ -50,7 +50,10 @@ struct graph_batch_sizes {
 
   std::string format() const {
     std::string out;
-    for (const std::int64_t s : sizes) out += (out.empty() ? "" : ",") + std::to_string(s);
+    for (const std::int64_t s : sizes) {
+      if (!out.empty()) out += ',';
+      out += std::to_string(s);
+    }
     return out;
   }
 
