@@ -139,23 +139,26 @@ using aoti_runner =
 
 sides aoti_sides(model_kind m, const at::Tensor& x) {
   struct state {
+    std::unique_ptr<torch::inductor::AOTIModelPackageLoader> raw;
     std::unique_ptr<aoti_runner> runner;
     std::vector<at::Tensor> inputs;
   };
   auto s = std::make_shared<state>();
+  // What a user writes by hand: the package loaded as usual (torch's threaded runner; the
+  // graphed runner loads it single-threaded for capture), called on the current stream.
+  s->raw = torchloom::detail::make_package_loader<torch::inductor::AOTIModelPackageLoader>(
+      "bm_graphs", model_file(m, loader_kind::aoti).string(), "model", 1, gpu);
   s->runner = std::make_unique<aoti_runner>(
       torchloom::model_spec::from_directory(model_dir(m, loader_kind::aoti)), gpu);
   s->inputs = {x};
   sides out;
-  // The raw call goes to the runner's own loaded package (same code and constants): the
-  // call a user writes by hand, on the caller's current stream.
   out.raw = [s] {
     c10::InferenceMode inference;
     void* stream = nullptr;
 #if TORCHLOOM_HAS_CUDA
     stream = c10::cuda::getCurrentCUDAStream(0).stream();
 #endif
-    return s->runner->model().package->run(s->inputs, stream).front();
+    return s->raw->run(s->inputs, stream).front();
   };
   out.runner = [s] { return s->runner->run_tensors(s->inputs).front(); };
   out.stats = [s] { return s->runner->stream().stats(); };

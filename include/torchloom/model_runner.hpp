@@ -95,7 +95,7 @@ class model_runner {
       : core_(std::move(spec), device),
         hook_(core_.context()),
         stream_(core_.context()),
-        weights_(loader_, core_.load(Loader::default_filename)) {
+        weights_(loader_, load_context_for_stream()) {
     core_.set_signature(loader_.signature(weights_.model()));
     core_.warm_up([this](std::vector<c10::IValue> in) { run_ivalue(std::move(in)); });
   }
@@ -197,6 +197,12 @@ class model_runner {
   }
 
  private:
+  load_context load_context_for_stream() const {
+    load_context ctx = core_.load(Loader::default_filename);
+    ctx.graph_capture = detail::captures_graphs<Stream>;
+    return ctx;
+  }
+
   // Runs `f` under InferenceMode (or no-grad) and the after-run work; torch's exceptions
   // become run_failed.
   template <class F>

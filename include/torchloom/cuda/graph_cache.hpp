@@ -15,7 +15,9 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/Device.h>
@@ -31,6 +33,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -132,6 +135,10 @@ class graph_cache {
     int seen = 0;
     bool uncapturable = false;
     std::unique_ptr<at::cuda::CUDAGraph> graph;
+    // Launched with cudaGraphLaunch directly: the graph draws no random numbers, so torch's
+    // replay() would only re-seed the generator (two small kernels per replay) for nothing.
+    bool direct = false;
+    bool replayed = false;
     std::vector<at::Tensor> static_inputs;
     c10::IValue static_outputs;
   };
@@ -209,12 +216,21 @@ class graph_cache {
 
   // Copies the inputs into the entry's static buffers (only the real rows when padded).
   template <class Inputs>
-  static void copy_in(entry& e, const Inputs& inputs, const signature& sig) {
+  static void copy_in(entry& e, const Inputs& inputs, const signature& sig,
+                      cudaStream_t stream) {
     for (std::size_t i = 0; i < e.static_inputs.size(); ++i) {
       const at::Tensor& t = *tensor_of(inputs[i]);
       at::Tensor dst = e.static_inputs[i];
       if (sig.bucket > 0 && dst.dim() > 0) dst = dst.narrow(0, 0, sig.batch);
-      dst.copy_(t, /*non_blocking=*/true);
+      if (dst.is_contiguous() && t.is_contiguous() && dst.scalar_type() == t.scalar_type() &&
+          dst.numel() == t.numel()) {
+        // The same bytes: one copy, without the dispatcher and TensorIterator around it.
+        check_static(cudaMemcpyAsync(dst.data_ptr(), t.data_ptr(), t.nbytes(),
+                                     cudaMemcpyDeviceToDevice, stream),
+                     "cudaMemcpyAsync");
+      } else {
+        dst.copy_(t, /*non_blocking=*/true);
+      }
     }
   }
 
@@ -239,7 +255,7 @@ class graph_cache {
         e.static_inputs.push_back(at::empty_strided(t.sizes(), t.strides(), t.options()));
       }
     }
-    copy_in(e, inputs, sig);
+    copy_in(e, inputs, sig, run_stream.stream());
 
     const c10::cuda::CUDAStream capture_stream =
         capture_on_run_stream_ ? run_stream
@@ -306,12 +322,44 @@ class graph_cache {
     // After the runner's previous replay, on whatever stream it ran: the pool and the static
     // buffers are this replay's alone.
     check(cudaStreamWaitEvent(stream.stream(), done_, 0), "cudaStreamWaitEvent");
-    copy_in(e, inputs, sig);
-    e.graph->replay();
-    c10::IValue out = copy_out(e.static_outputs, sig);
+    copy_in(e, inputs, sig, stream.stream());
+    launch(e, stream.stream());
+    c10::IValue out = copy_out(e.static_outputs, sig, stream.stream());
     check(cudaEventRecord(done_, stream.stream()), "cudaEventRecord");
     ++stats_.replays;
     return out;
+  }
+
+  // The first replay goes through torch's replay(), which advances the default generator by
+  // what the graph draws; when it draws nothing, later replays launch the graph directly.
+  void launch(entry& e, cudaStream_t stream) {
+    if (e.direct) {
+      launch_exec(*e.graph, stream);
+      return;
+    }
+    const at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(device_.index());
+    const auto* state = gen.get<at::CUDAGeneratorImpl>();
+    const std::uint64_t before = state->philox_offset_per_thread();
+    e.graph->replay();
+    if (!e.replayed) {
+      e.replayed = true;
+      e.direct = state->philox_offset_per_thread() == before && has_exec(*e.graph);
+    }
+  }
+
+  // Whether this torch hands out the graph's executable (torch 2.8 and later do).
+  template <class Graph>
+  static bool has_exec(Graph& g) {
+    return requires { g.raw_cuda_graph_exec(); };
+  }
+
+  template <class Graph>
+  void launch_exec(Graph& g, cudaStream_t stream) const {
+    if constexpr (requires { g.raw_cuda_graph_exec(); }) {
+      check(cudaGraphLaunch(g.raw_cuda_graph_exec(), stream), "cudaGraphLaunch");
+    } else {
+      g.replay();
+    }
   }
 
   static bool tensors_only(const c10::IValue& v) {
@@ -325,24 +373,31 @@ class graph_cache {
     return v.isTensorList();
   }
 
-  static at::Tensor fresh(const at::Tensor& t, const signature& sig) {
-    if (sig.bucket > 0 && t.dim() > 0 && t.size(0) == sig.bucket) {
-      return t.narrow(0, 0, sig.batch).clone();
-    }
-    return t.clone();
+  static at::Tensor fresh(const at::Tensor& t, const signature& sig, cudaStream_t stream) {
+    const at::Tensor src =
+        sig.bucket > 0 && t.dim() > 0 && t.size(0) == sig.bucket ? t.narrow(0, 0, sig.batch) : t;
+    if (!src.is_contiguous()) return src.clone();
+    // On the run's stream (current): the caching allocator ties the new block to it.
+    at::Tensor out = at::empty(src.sizes(), src.options());
+    check_static(cudaMemcpyAsync(out.data_ptr(), src.data_ptr(), src.nbytes(),
+                                 cudaMemcpyDeviceToDevice, stream),
+                 "cudaMemcpyAsync");
+    return out;
   }
 
   // The outputs as the caller's own tensors, in the structure the model returned.
-  static c10::IValue copy_out(const c10::IValue& v, const signature& sig) {
-    if (v.isTensor()) return fresh(v.toTensor(), sig);
+  static c10::IValue copy_out(const c10::IValue& v, const signature& sig, cudaStream_t stream) {
+    if (v.isTensor()) return fresh(v.toTensor(), sig, stream);
     if (v.isTuple()) {
       std::vector<c10::IValue> elements;
       elements.reserve(v.toTupleRef().elements().size());
-      for (const auto& x : v.toTupleRef().elements()) elements.push_back(copy_out(x, sig));
+      for (const auto& x : v.toTupleRef().elements()) {
+        elements.push_back(copy_out(x, sig, stream));
+      }
       return c10::ivalue::Tuple::create(std::move(elements));
     }
     c10::List<at::Tensor> list;
-    for (const at::Tensor& t : v.toTensorList().vec()) list.push_back(fresh(t, sig));
+    for (const at::Tensor& t : v.toTensorList().vec()) list.push_back(fresh(t, sig, stream));
     return list;
   }
 
@@ -351,6 +406,14 @@ class graph_cache {
     (void)cudaGetLastError();
     throw error(errc::cuda_error, model_,
                 detail::concat("graphed: ", what, " failed: ", cudaGetErrorString(rc)));
+  }
+
+  // For the static helpers, which have no model name: the runner wraps what they throw as
+  // run_failed with its name.
+  static void check_static(cudaError_t rc, const char* what) {
+    if (rc == cudaSuccess) return;
+    (void)cudaGetLastError();
+    throw std::runtime_error(detail::concat("graphed: ", what, " failed: ", cudaGetErrorString(rc)));
   }
 
   std::string model_;

@@ -515,7 +515,8 @@ struct streamed_weights {
         : stream_(std::make_unique<detail::weight_stream>(ctx.spec.name, ctx.device)) {
       detail::require_cuda_build(ctx.spec.name, ctx.device, "streamed_weights");
       // Loaded on the host: the weights must never all be on the device at once.
-      model_ = l.load(load_context{ctx.spec, ctx.file, c10::Device(c10::kCPU)});
+      model_ =
+          l.load(load_context{ctx.spec, ctx.file, c10::Device(c10::kCPU), ctx.graph_capture});
       detail::weight_rewrite rewrite =
           detail::rewrite_weight_reads(model_.module, *stream_, ctx.spec.name);
       const auto& opts = ctx.spec.options;
