@@ -17,6 +17,8 @@
 #include <torch/script.h>
 
 #if TORCHLOOM_HAS_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -251,7 +253,54 @@ void bm_paired_graphs(benchmark::State& state, model_kind m, loader_kind l, std:
       counter(stats.captures >= 1 && stats.uncapturable == 0 ? 1.0 : 0.0);
 }
 
+#if TORCHLOOM_HAS_CUDA
+// For reference, not a target: the least a replay of the bundled MLP costs here, written with
+// torch's CUDAGraph by hand (copy the input in, replay, clone the output, synchronise), as
+// torch's own Python replay does it. The graphed runner adds its checks and bookkeeping.
+void bm_graphs_floor(benchmark::State& state, std::int64_t batch) {
+  if (const std::string why = missing(model_kind::mlp, loader_kind::torchscript); !why.empty()) {
+    state.SkipWithError(why.c_str());
+    return;
+  }
+  torch::jit::Module m =
+      torch::jit::load(model_file(model_kind::mlp, loader_kind::torchscript).string(), gpu);
+  m.eval();
+  c10::InferenceMode inference;
+  const at::Tensor x = make_input(model_kind::mlp, batch);
+  const at::Tensor static_x = x.clone();
+  for (int i = 0; i < 3; ++i) benchmark::DoNotOptimize(m.forward({static_x}));
+  sync();
+  at::cuda::CUDAGraph graph;
+  at::Tensor static_out;
+  {
+    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, 0);
+    const c10::cuda::CUDAStreamGuard on_side(side);
+    graph.capture_begin();
+    static_out = m.forward({static_x}).toTensor();
+    graph.capture_end();
+  }
+  sync();
+  for (auto _ : state) {
+    static_x.copy_(x, true);
+    graph.replay();
+    at::Tensor out = static_out.clone();
+    sync();
+    benchmark::DoNotOptimize(out);
+  }
+}
+#endif
+
 void register_benchmarks() {
+#if TORCHLOOM_HAS_CUDA
+  for (const std::int64_t batch : {1, 8}) {
+    const std::string name = "BM_graphs_floor/model:mlp/batch:" + std::to_string(batch);
+    benchmark::RegisterBenchmark(name.c_str(), bm_graphs_floor, batch)
+        ->Unit(benchmark::kMicrosecond)
+        ->UseRealTime()
+        ->Iterations(3000)
+        ->Repetitions(1);
+  }
+#endif
   for (const auto& [mname, m] : {std::pair{"mlp", model_kind::mlp},
                                  std::pair{"resnet18", model_kind::resnet18}}) {
     for (const auto& [lname, l] : {std::pair{"torchscript", loader_kind::torchscript},

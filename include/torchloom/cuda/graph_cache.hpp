@@ -27,6 +27,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <iostream>
 #include <list>
@@ -66,6 +67,10 @@ class graph_cache {
             "cudaStreamCreate");
     }
     pool_ = at::cuda::graph_pool_handle();
+    // torch's switch for its uncached allocator (read as torch reads it): tensors freed at
+    // the end of a capture are then given back to CUDA while the graph still uses them, so
+    // nothing is captured.
+    uncached_allocator_ = std::getenv("PYTORCH_NO_CUDA_MEMORY_CACHING") != nullptr;
   }
 
   graph_cache(const graph_cache&) = delete;
@@ -267,12 +272,16 @@ class graph_cache {
     auto graph = std::make_unique<at::cuda::CUDAGraph>();
     std::string why;
     c10::IValue outputs;
-    {
+    if (uncached_allocator_) {
+      why = "PYTORCH_NO_CUDA_MEMORY_CACHING is set: torch's uncached allocator frees a graph's "
+            "memory at the end of its capture";
+    } else {
       c10::cuda::CUDAStreamGuard on_capture(capture_stream);
       const Inputs replacement(e.static_inputs.begin(), e.static_inputs.end());
       bool begun = false;
       try {
-        // Relaxed: AOTInductor's runtime queries its own events in the capturing thread.
+        // Relaxed: the capture is on a stream of its own, and other threads of the process
+        // (other runners, eager runs of this one) keep calling CUDA meanwhile.
 #if TORCHLOOM_TORCH_VERSION >= 20100
         graph->capture_begin(pool_, cudaStreamCaptureModeRelaxed);
 #else
@@ -430,6 +439,7 @@ class graph_cache {
   std::unordered_map<std::string, std::list<entry>::iterator> index_;
   graph_stats stats_;
   bool warned_ = false;
+  bool uncached_allocator_ = false;
 };
 
 }  // namespace torchloom::cuda

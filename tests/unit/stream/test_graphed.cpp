@@ -13,6 +13,8 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/cuda.h>
 
+#include <stdlib.h>
+
 #include <atomic>
 #include <cstdint>
 #include <string>
@@ -301,6 +303,24 @@ TEST_CASE("CUDA: a model that cannot be captured runs eagerly, with correct outp
   CHECK(s.cached_graphs == 0);
   // The runner, and CUDA, are fine afterwards.
   CHECK(bitwise_equal(g.run({input(2, 7)})[0], plain.run({input(2, 7)})[0]));
+}
+
+TEST_CASE("CUDA: under torch's uncached allocator graphed runs eagerly, with correct outputs",
+          "[stream][graphs][cuda]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  model_dir m(make_mlp());
+  ts_runner<torchloom::caller_stream> plain(m.spec(), gpu);
+  // Read when the runner is made (torch itself read it at its start and keeps caching).
+  ::setenv("PYTORCH_NO_CUDA_MEMORY_CACHING", "1", 1);
+  ts_runner<graphed<torchloom::caller_stream>> g(m.spec(), gpu);
+  ::unsetenv("PYTORCH_NO_CUDA_MEMORY_CACHING");
+  for (int i = 0; i < 5; ++i) {
+    CHECK(bitwise_equal(g.run({input(4, i)})[0], plain.run({input(4, i)})[0]));
+  }
+  const auto s = g.stream().stats();
+  CHECK(s.uncapturable == 1);
+  CHECK(s.replays == 0);
+  CHECK(s.eager_runs == 5);
 }
 
 TEMPLATE_TEST_CASE("CUDA: concurrent callers of one graphed runner get their own results",
