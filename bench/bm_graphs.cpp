@@ -55,7 +55,8 @@ fs::path model_dir(model_kind m, loader_kind l) {
   const fs::path aoti = env_or("TORCHLOOM_AOTI_FIXTURES", TORCHLOOM_AOTI_FIXTURE_DIR);
   const fs::path graphs = env_or("TORCHLOOM_GRAPH_FIXTURES", TORCHLOOM_GRAPH_FIXTURE_DIR);
   if (m == model_kind::mlp) {
-    return l == loader_kind::torchscript ? fs::path(TORCHLOOM_BUNDLED_MODEL_DIR) : aoti / "mlp_cuda";
+    return l == loader_kind::torchscript ? fs::path(TORCHLOOM_BUNDLED_MODEL_DIR)
+                                         : aoti / "mlp_cuda";
   }
   return graphs / (l == loader_kind::torchscript ? "resnet18_ts" : "resnet18_cuda");
 }

@@ -422,7 +422,8 @@ class graph_cache {
   static void check_static(cudaError_t rc, const char* what) {
     if (rc == cudaSuccess) return;
     (void)cudaGetLastError();
-    throw std::runtime_error(detail::concat("graphed: ", what, " failed: ", cudaGetErrorString(rc)));
+    throw std::runtime_error(
+        detail::concat("graphed: ", what, " failed: ", cudaGetErrorString(rc)));
   }
 
   std::string model_;

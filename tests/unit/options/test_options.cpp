@@ -185,11 +185,13 @@ TEST_CASE("graphed's options are keys like any other, range-checked", "[options]
   CHECK(o.cuda_graph_batch_sizes.bucket_for(8) == 8);
   CHECK_FALSE(o.cuda_graph_batch_sizes.bucket_for(9).has_value());
   CHECK(torchloom::get_option(o, "CUDA_GRAPH_BATCH_SIZES") == "1,2,4,8");
-  CHECK(torchloom_test::contains(torchloom::to_string(o, true), "CUDA_GRAPH_BATCH_SIZES=1,2,4,8\n"));
+  CHECK(torchloom_test::contains(torchloom::to_string(o, true),
+                                 "CUDA_GRAPH_BATCH_SIZES=1,2,4,8\n"));
   CHECK_FALSE(o == runner_options{});
   // What to_string prints parses back to the same options.
   runner_options back;
-  torchloom::set_option(back, "CUDA_GRAPH_MAX_SHAPES", torchloom::get_option(o, "CUDA_GRAPH_MAX_SHAPES"));
+  torchloom::set_option(back, "CUDA_GRAPH_MAX_SHAPES",
+                        torchloom::get_option(o, "CUDA_GRAPH_MAX_SHAPES"));
   torchloom::set_option(back, "CUDA_GRAPH_BATCH_SIZES",
                         torchloom::get_option(o, "CUDA_GRAPH_BATCH_SIZES"));
   CHECK(back == o);
