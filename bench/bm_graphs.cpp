@@ -20,6 +20,7 @@
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #endif
 
 #include <algorithm>
@@ -289,10 +290,107 @@ void bm_graphs_floor(benchmark::State& state, std::int64_t batch) {
     benchmark::DoNotOptimize(out);
   }
 }
+
+// For reference, not a target: where a replay's host time goes, the bundled MLP at batch 1.
+// Each counter is the mean host time of one call, in microseconds, over batches of 100
+// calls with the device synchronised between batches (not timed): the pieces a replay is
+// made of (allocating an output, a 1D device copy, an event record and wait, launching the
+// captured graph, pointing a memcpy node of an instantiated graph at other tensors), and
+// whole calls (the graphed runner's run, the raw TorchScript call), which leave their GPU
+// work queued.
+void bm_graphs_host_parts(benchmark::State& state) {
+  if (const std::string why = missing(model_kind::mlp, loader_kind::torchscript); !why.empty()) {
+    state.SkipWithError(why.c_str());
+    return;
+  }
+  const at::Tensor x = make_input(model_kind::mlp, 1);
+  sides s = torchscript_sides(model_kind::mlp, x);
+  for (int i = 0; i < warmup_calls; ++i) benchmark::DoNotOptimize(s.runner());
+  torch::jit::Module m =
+      torch::jit::load(model_file(model_kind::mlp, loader_kind::torchscript).string(), gpu);
+  m.eval();
+  c10::InferenceMode inference;
+  const at::Tensor static_x = x.clone();
+  for (int i = 0; i < 3; ++i) benchmark::DoNotOptimize(m.forward({static_x}));
+  sync();
+  at::cuda::CUDAGraph graph;
+  at::Tensor static_out;
+  {
+    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, 0);
+    const c10::cuda::CUDAStreamGuard on_side(side);
+    graph.capture_begin();
+    static_out = m.forward({static_x}).toTensor();
+    graph.capture_end();
+  }
+  graph.replay();
+  sync();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(0).stream();
+  const at::Tensor other = static_out.clone();
+  cudaEvent_t event = nullptr;
+  cudaGraph_t copy_graph = nullptr;
+  cudaGraphExec_t copy_exec = nullptr;
+  cudaGraphNode_t copy_node = nullptr;
+  bool ok = cudaEventCreateWithFlags(&event, cudaEventDisableTiming) == cudaSuccess &&
+            cudaGraphCreate(&copy_graph, 0) == cudaSuccess &&
+            cudaGraphAddMemcpyNode1D(&copy_node, copy_graph, nullptr, 0, other.data_ptr(),
+                                     static_out.data_ptr(), static_out.nbytes(),
+                                     cudaMemcpyDeviceToDevice) == cudaSuccess &&
+            cudaGraphInstantiateWithFlags(&copy_exec, copy_graph, 0) == cudaSuccess;
+  const auto options = static_out.options();
+  const std::vector<std::int64_t> shape(static_out.sizes().begin(), static_out.sizes().end());
+  const std::vector<std::pair<const char*, std::function<void()>>> parts = {
+      {"empty_us", [&] { benchmark::DoNotOptimize(at::empty(shape, options)); }},
+      {"memcpy_us",
+       [&] {
+         ok = ok && cudaMemcpyAsync(other.data_ptr(), static_out.data_ptr(), static_out.nbytes(),
+                                    cudaMemcpyDeviceToDevice, stream) == cudaSuccess;
+       }},
+      {"event_record_wait_us",
+       [&] {
+         ok = ok && cudaStreamWaitEvent(stream, event, 0) == cudaSuccess &&
+              cudaEventRecord(event, stream) == cudaSuccess;
+       }},
+      {"graph_launch_us", [&] { graph.replay(); }},
+      {"memcpy_node_set_us",
+       [&] {
+         ok = ok && cudaGraphExecMemcpyNodeSetParams1D(
+                        copy_exec, copy_node, other.data_ptr(), static_out.data_ptr(),
+                        static_out.nbytes(), cudaMemcpyDeviceToDevice) == cudaSuccess;
+       }},
+      {"runner_run_us", [&] { benchmark::DoNotOptimize(s.runner()); }},
+      {"raw_call_us", [&] { benchmark::DoNotOptimize(s.raw()); }},
+  };
+  constexpr int batch_calls = 100;
+  std::vector<double> total_us(parts.size(), 0.0);
+  std::int64_t batches = 0;
+  for (auto _ : state) {
+    for (std::size_t p = 0; p < parts.size(); ++p) {
+      sync();
+      total_us[p] += time_call_us([&] {
+        for (int i = 0; i < batch_calls; ++i) parts[p].second();
+      });
+    }
+    ++batches;
+  }
+  sync();
+  if (!ok) state.SkipWithError("a CUDA call failed");
+  for (std::size_t p = 0; p < parts.size(); ++p) {
+    state.counters[parts[p].first] = benchmark::Counter(
+        batches > 0 ? total_us[p] / static_cast<double>(batches * batch_calls) : 0.0);
+  }
+  if (copy_exec != nullptr) (void)cudaGraphExecDestroy(copy_exec);
+  if (copy_graph != nullptr) (void)cudaGraphDestroy(copy_graph);
+  if (event != nullptr) (void)cudaEventDestroy(event);
+}
 #endif
 
 void register_benchmarks() {
 #if TORCHLOOM_HAS_CUDA
+  benchmark::RegisterBenchmark("BM_graphs_host_parts/model:mlp/batch:1", bm_graphs_host_parts)
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime()
+      ->Iterations(20)
+      ->Repetitions(1);
   for (const std::int64_t batch : {1, 8}) {
     const std::string name = "BM_graphs_floor/model:mlp/batch:" + std::to_string(batch);
     benchmark::RegisterBenchmark(name.c_str(), bm_graphs_floor, batch)

@@ -34,6 +34,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <type_traits>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -135,6 +136,26 @@ class graph_cache {
     std::int64_t bucket = -1;  // the bucket, when padded
   };
 
+  // The captured graph as the child of a graph of our own, between one memcpy node per input
+  // (the caller's tensor into the static buffer) and one per output (the static buffer into a
+  // fresh tensor). Each replay points the memcpy nodes at its tensors
+  // (cudaGraphExecMemcpyNodeSetParams1D) and launches once: no separate copies before and
+  // after, and no gaps between them on the GPU.
+  struct fused_graph {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    std::vector<cudaGraphNode_t> in_nodes;
+    std::vector<cudaGraphNode_t> out_nodes;
+
+    fused_graph() = default;
+    fused_graph(const fused_graph&) = delete;
+    fused_graph& operator=(const fused_graph&) = delete;
+    ~fused_graph() {
+      if (exec != nullptr) (void)cudaGraphExecDestroy(exec);
+      if (graph != nullptr) (void)cudaGraphDestroy(graph);
+    }
+  };
+
   struct entry {
     std::string key;
     int seen = 0;
@@ -146,6 +167,10 @@ class graph_cache {
     bool replayed = false;
     std::vector<at::Tensor> static_inputs;
     c10::IValue static_outputs;
+    // The copies folded into one launch with the graph (see fuse()); null until the first
+    // direct replay, and for good when the graph cannot be wrapped so.
+    std::unique_ptr<fused_graph> fused;
+    bool fuse_tried = false;
   };
 
   static const at::Tensor* tensor_of(const at::Tensor& t) { return &t; }
@@ -269,7 +294,7 @@ class graph_cache {
       check(cudaEventRecord(ready_, run_stream.stream()), "cudaEventRecord");
       check(cudaStreamWaitEvent(capture_stream.stream(), ready_, 0), "cudaStreamWaitEvent");
     }
-    auto graph = std::make_unique<at::cuda::CUDAGraph>();
+    auto graph = make_graph<at::cuda::CUDAGraph>();
     std::string why;
     c10::IValue outputs;
     if (uncached_allocator_) {
@@ -322,6 +347,16 @@ class graph_cache {
     e.static_outputs = std::move(outputs);
   }
 
+  // Keeps the captured cudaGraph_t (torch 2.8 and later can), so that fuse() can wrap it.
+  template <class Graph>
+  static std::unique_ptr<Graph> make_graph() {
+    if constexpr (std::is_constructible_v<Graph, bool>) {
+      return std::make_unique<Graph>(/*keep_graph=*/true);
+    } else {
+      return std::make_unique<Graph>();
+    }
+  }
+
   // Replays the entry's graph on the run's stream and returns copies of its outputs.
   template <class Inputs>
   c10::IValue replay(entry& e, const run_context& rc, const Inputs& inputs,
@@ -331,12 +366,161 @@ class graph_cache {
     // After the runner's previous replay, on whatever stream it ran: the pool and the static
     // buffers are this replay's alone.
     check(cudaStreamWaitEvent(stream.stream(), done_, 0), "cudaStreamWaitEvent");
-    copy_in(e, inputs, sig, stream.stream());
-    launch(e, stream.stream());
-    c10::IValue out = copy_out(e.static_outputs, sig, stream.stream());
+    c10::IValue out;
+    if (!e.fused || !launch_fused(*e.fused, e, inputs, sig, stream.stream(), out)) {
+      copy_in(e, inputs, sig, stream.stream());
+      launch(e, stream.stream());
+      out = copy_out(e.static_outputs, sig, stream.stream());
+      if (e.direct && !e.fuse_tried) {
+        e.fuse_tried = true;
+        e.fused = fuse(e, inputs, sig, out);
+      }
+    }
     check(cudaEventRecord(done_, stream.stream()), "cudaEventRecord");
     ++stats_.replays;
     return out;
+  }
+
+  // The bytes of input `t` that go into static buffer `dst` as one plain copy (the same dtype,
+  // both contiguous, only the real rows when padded), or 0 when it needs torch's copy_.
+  static std::size_t plain_bytes(const at::Tensor& t, const at::Tensor& dst,
+                                 const signature& sig) {
+    std::int64_t numel = dst.numel();
+    if (sig.bucket > 0 && dst.dim() > 0 && dst.size(0) > 0) {
+      numel = numel / dst.size(0) * sig.batch;
+    }
+    if (!t.is_contiguous() || !dst.is_contiguous() || t.scalar_type() != dst.scalar_type() ||
+        t.numel() != numel) {
+      return 0;
+    }
+    return t.nbytes();
+  }
+
+  static void flatten(const c10::IValue& v, std::vector<at::Tensor>& out) {
+    if (v.isTensor()) {
+      out.push_back(v.toTensor());
+    } else if (v.isTuple()) {
+      for (const auto& x : v.toTupleRef().elements()) flatten(x, out);
+    } else {
+      for (const at::Tensor& t : v.toTensorList().vec()) out.push_back(t);
+    }
+  }
+
+  // Wraps the entry's graph between memcpy nodes (see fused_graph), with this replay's inputs
+  // and fresh outputs as the nodes' first operands. Null when torch keeps no cudaGraph_t, for
+  // a green context's graph (a memcpy node of ours would run outside its partition), when an
+  // input or output is not one plain copy, or when CUDA refuses the wrapping: replays then
+  // copy around the graph as before.
+  template <class Inputs>
+  std::unique_ptr<fused_graph> fuse(entry& e, const Inputs& inputs, const signature& sig,
+                                    const c10::IValue& out) const {
+    if (!std::is_constructible_v<at::cuda::CUDAGraph, bool> || capture_on_run_stream_) {
+      return nullptr;
+    }
+    std::vector<at::Tensor> statics;
+    std::vector<at::Tensor> fresh_outputs;
+    flatten(e.static_outputs, statics);
+    flatten(out, fresh_outputs);
+    if (statics.size() != fresh_outputs.size()) return nullptr;
+    std::vector<std::size_t> in_bytes;
+    for (std::size_t i = 0; i < e.static_inputs.size(); ++i) {
+      const std::size_t bytes = plain_bytes(*tensor_of(inputs[i]), e.static_inputs[i], sig);
+      if (bytes == 0) return nullptr;
+      in_bytes.push_back(bytes);
+    }
+    for (std::size_t k = 0; k < statics.size(); ++k) {
+      if (!statics[k].is_contiguous() || fresh_outputs[k].nbytes() == 0 ||
+          fresh_outputs[k].scalar_type() != statics[k].scalar_type()) {
+        return nullptr;
+      }
+    }
+    auto f = std::make_unique<fused_graph>();
+    const auto failed = [](cudaError_t rc) {
+      if (rc == cudaSuccess) return false;
+      (void)cudaGetLastError();
+      return true;
+    };
+    try {
+      if (failed(cudaGraphCreate(&f->graph, 0))) return nullptr;
+      for (std::size_t i = 0; i < in_bytes.size(); ++i) {
+        cudaGraphNode_t node = nullptr;
+        if (failed(cudaGraphAddMemcpyNode1D(&node, f->graph, nullptr, 0,
+                                            e.static_inputs[i].data_ptr(),
+                                            tensor_of(inputs[i])->data_ptr(), in_bytes[i],
+                                            cudaMemcpyDeviceToDevice))) {
+          return nullptr;
+        }
+        f->in_nodes.push_back(node);
+      }
+      const cudaGraph_t captured = raw_graph(*e.graph);
+      cudaGraphNode_t body = nullptr;
+      if (captured == nullptr ||
+          failed(cudaGraphAddChildGraphNode(&body, f->graph, f->in_nodes.data(),
+                                            f->in_nodes.size(), captured))) {
+        return nullptr;
+      }
+      for (std::size_t k = 0; k < statics.size(); ++k) {
+        cudaGraphNode_t node = nullptr;
+        if (failed(cudaGraphAddMemcpyNode1D(&node, f->graph, &body, 1,
+                                            fresh_outputs[k].data_ptr(), statics[k].data_ptr(),
+                                            fresh_outputs[k].nbytes(),
+                                            cudaMemcpyDeviceToDevice))) {
+          return nullptr;
+        }
+        f->out_nodes.push_back(node);
+      }
+      if (failed(cudaGraphInstantiateWithFlags(&f->exec, f->graph, 0))) return nullptr;
+    } catch (const std::exception&) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    return f;
+  }
+
+  // One launch: the caller's inputs into the static buffers, the graph, the static outputs
+  // into fresh tensors (made here, on the run's stream). False, with nothing launched, when
+  // this run's tensors do not fit the memcpy nodes (an input not one plain copy, memory CUDA
+  // will not put in the node): the caller copies around the graph instead.
+  template <class Inputs>
+  bool launch_fused(fused_graph& f, const entry& e, const Inputs& inputs, const signature& sig,
+                    cudaStream_t stream, c10::IValue& out) const {
+    const auto set = [&f](cudaGraphNode_t node, void* dst, const void* src, std::size_t n) {
+      if (cudaGraphExecMemcpyNodeSetParams1D(f.exec, node, dst, src, n,
+                                             cudaMemcpyDeviceToDevice) == cudaSuccess) {
+        return true;
+      }
+      (void)cudaGetLastError();
+      return false;
+    };
+    for (std::size_t i = 0; i < e.static_inputs.size(); ++i) {
+      const at::Tensor& t = *tensor_of(inputs[i]);
+      const std::size_t bytes = plain_bytes(t, e.static_inputs[i], sig);
+      if (bytes == 0 || !set(f.in_nodes[i], e.static_inputs[i].data_ptr(), t.data_ptr(), bytes)) {
+        return false;
+      }
+    }
+    std::size_t k = 0;
+    bool ok = true;
+    const auto make = [&](const at::Tensor& s) {
+      const bool sliced = sig.bucket > 0 && s.dim() > 0 && s.size(0) == sig.bucket;
+      at::Tensor o;
+      if (sliced) {
+        std::vector<std::int64_t> shape(s.sizes().begin(), s.sizes().end());
+        shape[0] = sig.batch;
+        o = at::empty(shape, s.options());
+      } else {
+        o = at::empty(s.sizes(), s.options());
+      }
+      ok = ok && k < f.out_nodes.size() && o.nbytes() > 0 &&
+           set(f.out_nodes[k], o.data_ptr(), s.data_ptr(), o.nbytes());
+      ++k;
+      return o;
+    };
+    c10::IValue result = map_outputs(e.static_outputs, make);
+    if (!ok || k != f.out_nodes.size()) return false;
+    check(cudaGraphLaunch(f.exec, stream), "cudaGraphLaunch");
+    out = std::move(result);
+    return true;
   }
 
   // The first replay goes through torch's replay(), which advances the default generator by
@@ -353,6 +537,16 @@ class graph_cache {
     if (!e.replayed) {
       e.replayed = true;
       e.direct = state->philox_offset_per_thread() == before && has_exec(*e.graph);
+    }
+  }
+
+  // The captured graph, when this torch keeps it (see make_graph); else null.
+  template <class Graph>
+  static cudaGraph_t raw_graph(Graph& g) {
+    if constexpr (requires { g.raw_cuda_graph(); }) {
+      return g.raw_cuda_graph();
+    } else {
+      return nullptr;
     }
   }
 
@@ -396,17 +590,23 @@ class graph_cache {
 
   // The outputs as the caller's own tensors, in the structure the model returned.
   static c10::IValue copy_out(const c10::IValue& v, const signature& sig, cudaStream_t stream) {
-    if (v.isTensor()) return fresh(v.toTensor(), sig, stream);
+    const auto copy = [&](const at::Tensor& t) { return fresh(t, sig, stream); };
+    return map_outputs(v, copy);
+  }
+
+  // `v`'s structure (a tensor, a tuple, a list of tensors) with each tensor t replaced by
+  // fn(t), in flatten()'s order.
+  template <class Fn>
+  static c10::IValue map_outputs(const c10::IValue& v, Fn& fn) {
+    if (v.isTensor()) return fn(v.toTensor());
     if (v.isTuple()) {
       std::vector<c10::IValue> elements;
       elements.reserve(v.toTupleRef().elements().size());
-      for (const auto& x : v.toTupleRef().elements()) {
-        elements.push_back(copy_out(x, sig, stream));
-      }
+      for (const auto& x : v.toTupleRef().elements()) elements.push_back(map_outputs(x, fn));
       return c10::ivalue::Tuple::create(std::move(elements));
     }
     c10::List<at::Tensor> list;
-    for (const at::Tensor& t : v.toTensorList().vec()) list.push_back(fresh(t, sig, stream));
+    for (const at::Tensor& t : v.toTensorList().vec()) list.push_back(fn(t));
     return list;
   }
 
