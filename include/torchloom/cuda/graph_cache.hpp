@@ -17,6 +17,7 @@
 #include <ATen/core/ivalue.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <ATen/cuda/EmptyTensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/zeros.h>
@@ -146,6 +147,14 @@ class graph_cache {
     cudaGraphExec_t exec = nullptr;
     std::vector<cudaGraphNode_t> in_nodes;
     std::vector<cudaGraphNode_t> out_nodes;
+    // What each node copies now (inputs' nodes, then outputs'): a node whose tensors are those
+    // of the last run (the same caller tensor, the allocator's same block) is left as it is.
+    struct operands {
+      void* dst = nullptr;
+      const void* src = nullptr;
+      std::size_t bytes = 0;
+    };
+    std::vector<operands> now;
 
     fused_graph() = default;
     fused_graph(const fused_graph&) = delete;
@@ -451,6 +460,8 @@ class graph_cache {
           return nullptr;
         }
         f->in_nodes.push_back(node);
+        f->now.push_back({e.static_inputs[i].data_ptr(), tensor_of(inputs[i])->data_ptr(),
+                          in_bytes[i]});
       }
       const cudaGraph_t captured = raw_graph(*e.graph);
       cudaGraphNode_t body = nullptr;
@@ -468,6 +479,8 @@ class graph_cache {
           return nullptr;
         }
         f->out_nodes.push_back(node);
+        f->now.push_back(
+            {fresh_outputs[k].data_ptr(), statics[k].data_ptr(), fresh_outputs[k].nbytes()});
       }
       if (failed(cudaGraphInstantiateWithFlags(&f->exec, f->graph, 0))) return nullptr;
     } catch (const std::exception&) {
@@ -484,35 +497,45 @@ class graph_cache {
   template <class Inputs>
   bool launch_fused(fused_graph& f, const entry& e, const Inputs& inputs, const signature& sig,
                     cudaStream_t stream, c10::IValue& out) const {
-    const auto set = [&f](cudaGraphNode_t node, void* dst, const void* src, std::size_t n) {
+    // Node j (inputs' first): points it at dst, src, n unless it points there already.
+    const auto set = [&f](std::size_t j, cudaGraphNode_t node, void* dst, const void* src,
+                          std::size_t n) {
+      auto& now = f.now[j];
+      if (now.dst == dst && now.src == src && now.bytes == n) return true;
       if (cudaGraphExecMemcpyNodeSetParams1D(f.exec, node, dst, src, n,
                                              cudaMemcpyDeviceToDevice) == cudaSuccess) {
+        now = {dst, src, n};
         return true;
       }
       (void)cudaGetLastError();
+      now = {};  // unknown: set again next time
       return false;
     };
     for (std::size_t i = 0; i < e.static_inputs.size(); ++i) {
       const at::Tensor& t = *tensor_of(inputs[i]);
       const std::size_t bytes = plain_bytes(t, e.static_inputs[i], sig);
-      if (bytes == 0 || !set(f.in_nodes[i], e.static_inputs[i].data_ptr(), t.data_ptr(), bytes)) {
+      if (bytes == 0 ||
+          !set(i, f.in_nodes[i], e.static_inputs[i].data_ptr(), t.data_ptr(), bytes)) {
         return false;
       }
     }
     std::size_t k = 0;
     bool ok = true;
+    const std::size_t first_out = f.in_nodes.size();
     const auto make = [&](const at::Tensor& s) {
       const bool sliced = sig.bucket > 0 && s.dim() > 0 && s.size(0) == sig.bucket;
+      // Straight to the CUDA allocator (on the run's stream, the current one), without the
+      // dispatcher around at::empty; the same tensor as at::empty makes.
       at::Tensor o;
       if (sliced) {
         std::vector<std::int64_t> shape(s.sizes().begin(), s.sizes().end());
         shape[0] = sig.batch;
-        o = at::empty(shape, s.options());
+        o = at::Tensor(at::detail::empty_cuda(shape, s.options()));
       } else {
-        o = at::empty(s.sizes(), s.options());
+        o = at::Tensor(at::detail::empty_cuda(s.sizes(), s.options()));
       }
       ok = ok && k < f.out_nodes.size() && o.nbytes() > 0 &&
-           set(f.out_nodes[k], o.data_ptr(), s.data_ptr(), o.nbytes());
+           set(first_out + k, f.out_nodes[k], o.data_ptr(), s.data_ptr(), o.nbytes());
       ++k;
       return o;
     };

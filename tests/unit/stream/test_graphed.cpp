@@ -150,6 +150,35 @@ TEMPLATE_TEST_CASE("CUDA: graphed replays are bitwise the eager run, TorchScript
   CHECK(bitwise_equal(g.run_tensors({input(4, 99)})[0], plain.run({input(4, 99)})[0]));
 }
 
+TEST_CASE("CUDA: graphed replays read an input tensor refilled in place, and keep earlier "
+          "outputs",
+          "[stream][graphs][cuda]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  model_dir m(make_mlp());
+  ts_runner<torchloom::caller_stream> plain(m.spec(), gpu);
+  ts_runner<graphed<torchloom::caller_stream>> g(m.spec(), gpu);
+  // One input tensor for every run (the same address each time), new values in it each time.
+  at::Tensor x = input(4, 0);
+  std::vector<at::Tensor> kept;
+  std::vector<at::Tensor> expected;
+  for (int i = 0; i < 8; ++i) {
+    x.copy_(input(4, i));
+    kept.push_back(g.run({x})[0]);
+    expected.push_back(plain.run({x})[0]);
+  }
+  for (std::size_t i = 0; i < kept.size(); ++i) {
+    INFO("run " << i);
+    CHECK(bitwise_equal(kept[i], expected[i]));
+  }
+  // Outputs dropped at once: the allocator hands the same block out again.
+  for (int i = 0; i < 4; ++i) {
+    x.copy_(input(4, 20 + i));
+    const at::Tensor want = plain.run({x})[0];
+    CHECK(bitwise_equal(g.run({x})[0], want));
+  }
+  CHECK(g.stream().stats().replays == 12 - torchloom::graph_eager_runs_before_capture);
+}
+
 TEST_CASE("CUDA: graphed rebuilds a tuple output from fresh tensors", "[stream][graphs][cuda]") {
   TORCHLOOM_REQUIRE_CUDA();
   model_dir m(make_two_outputs());
