@@ -11,7 +11,8 @@
 # bm_<name>.json per benchmark, bm_offload_peer.json, report.md, and latency.png and
 # offload.png (when matplotlib is installed).
 # The AOTInductor packages the tests and bm_aoti load are made by scripts/make_aoti_fixtures.py
-# into $BUILD/aoti_fixtures while the C++ builds.
+# into $BUILD/aoti_fixtures while the C++ builds, and bm_graphs' ResNet-18 models by
+# scripts/make_graph_fixtures.py into $BUILD/graph_fixtures.
 # Exit status: 1 when configure, build, the AOTI fixtures, a test or a benchmark failed. A test
 # failure does not stop the benchmarks, so one call gives all there is to know.
 set -euo pipefail
@@ -119,6 +120,13 @@ fi
 timeout 420 python3 scripts/make_aoti_fixtures.py "$FIXTURES" "${fixture_args[@]}" \
   >"$SCRATCH/fixtures.txt" 2>&1 &
 fixtures_pid=$!
+# The ResNet-18 models of bm_graphs (T12), likewise; without them those rows skip.
+GRAPH_FIXTURES="$PWD/$BUILD/graph_fixtures"
+export TORCHLOOM_GRAPH_FIXTURES="$GRAPH_FIXTURES"
+step "graph fixtures: started in the background ($GRAPH_FIXTURES)"
+timeout 420 python3 scripts/make_graph_fixtures.py "$GRAPH_FIXTURES" \
+  >"$SCRATCH/graph-fixtures.txt" 2>&1 &
+graph_fixtures_pid=$!
 
 # ---------------------------------------------------------------------------------------
 step "build (ninja -j$JOBS)"
@@ -126,7 +134,7 @@ rc=0
 # -k 0: build all that can be built, so one call shows every compile error.
 run_logged "$SCRATCH/build.txt" ninja -C "$BUILD" -j"$JOBS" -k 0 || rc=$?
 if ((rc != 0)); then
-  kill "$fixtures_pid" 2>/dev/null || true
+  kill "$fixtures_pid" "$graph_fixtures_pid" 2>/dev/null || true
   say "build failed (status $rc); first errors:"
   grep -E -A6 'error:|FAILED:|undefined reference|ninja: build stopped' "$SCRATCH/build.txt" \
     | cut -c1-300 | show 7000 || true
@@ -168,6 +176,17 @@ else
     failure+='|Child aborted|unexpected exception|SEGFAULT|Segmentation fault'
     grep -E -A5 "$failure" "$SCRATCH/ctest.txt" | cut -c1-240 | show 5000 || true
   fi
+fi
+
+# ---------------------------------------------------------------------------------------
+graph_fixtures_rc=0
+wait "$graph_fixtures_pid" || graph_fixtures_rc=$?
+cat "$SCRATCH/graph-fixtures.txt" >>"$LOG"
+if ((graph_fixtures_rc == 0)); then
+  say "graph fixtures: ok"
+else
+  say "graph fixtures: FAILED (status $graph_fixtures_rc); bm_graphs' ResNet-18 rows will skip:"
+  tail -n 8 "$SCRATCH/graph-fixtures.txt" | cut -c1-240 | show 2000
 fi
 
 # ---------------------------------------------------------------------------------------

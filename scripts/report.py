@@ -27,6 +27,11 @@ budget violations, high water <= budget), T8 (streamed, model small_tensors, sma
 N*A). A streamed or mapped row whose output is not bitwise equal to resident's fails on its
 own line (counted as "bitwise"). A target with no row to judge is "not measured" (skipped).
 
+bm_graphs' BM_graphs/model:<m>/loader:<l>/batch:<b> (T12) report a paired raw/runner loop as
+counters of a single run (the BM_paired_* counters plus speedup, bitwise, replayed). They get
+the T12 table: every row at most 1.02x raw, and the speed-up floors of PERF.md (MLP batch 1:
+3x TorchScript, 2x AOTInductor; ResNet-18 batch 1: 3x TorchScript).
+
 Prints the Markdown tables (last thing on stdout), writes DIR/report.md and, when matplotlib
 is installed, DIR/latency.png (runner ÷ raw ratios against their target line; loads on
 their own panel) and (with offload rows) DIR/offload.png (GB/s per row against the pinned
@@ -89,7 +94,17 @@ OFFLOAD_COUNTERS = ("gbps", "bytes", "ms_median", "ms_p99", "reps", "weight_byte
 OFFLOAD_MODELS = ("large", "small_tensors")  # table order; T4 and T6 on large, T8 on the other
 OFFLOAD_VARIANTS = ("resident", "streamed", "mapped", "naive", "accelerate")
 MIB = float(1 << 20)
-ALL_COUNTERS = PAIRED_COUNTERS + STREAM_COUNTERS + ISOLATION_COUNTERS + OFFLOAD_COUNTERS
+# bm_graphs (T12): BM_graphs/model:<m>/loader:<l>/batch:<b>, raw call and graphed<caller_stream>
+# runner paired in one loop, per-call medians as counters of a single run.
+GRAPH_COUNTERS = ("speedup", "bitwise", "replayed")
+GRAPH_MODELS = ("mlp", "resnet18")  # table order
+# T12's speed-up floors: (model, loader, batch) -> at least this raw / runner; every row also
+# at most 1.02x raw (never slower).
+GRAPH_SPEEDUP_TARGETS = {("mlp", "torchscript", "1"): 3.0, ("mlp", "aoti", "1"): 2.0,
+                         ("resnet18", "torchscript", "1"): 3.0}
+GRAPH_MAX_RATIO = 1.02
+ALL_COUNTERS = (PAIRED_COUNTERS + STREAM_COUNTERS + ISOLATION_COUNTERS + OFFLOAD_COUNTERS
+                + GRAPH_COUNTERS)
 
 
 class result:
@@ -616,6 +631,45 @@ def offload_section(runs, limit, shared):
     return text, verdicts + shared_verdicts
 
 
+def graph_rows(other):
+    """T12: the graphed<caller_stream> runner against the raw call (bm_graphs)."""
+    rows, verdicts, used = [], [], set()
+    runs = [r for r in other if r.base == "BM_graphs"]
+
+    def order(r):
+        m = r.param("model") or ""
+        return (GRAPH_MODELS.index(m) if m in GRAPH_MODELS else len(GRAPH_MODELS), m,
+                0 if r.param("loader") == "torchscript" else 1, float(r.param("batch") or 0))
+
+    for r in sorted(runs, key=order):
+        used.add(r.base)
+        key = (r.param("model"), r.param("loader"), r.param("batch"))
+        floor = GRAPH_SPEEDUP_TARGETS.get(key)
+        c = counter_set(r)
+        if r.error or "ratio" not in c:
+            why = f"skipped: {r.error}" if r.error else "no data"
+            rows.append(list(key) + ["-"] * 6 + [why])
+            verdicts.append(("T12", "skipped"))
+            if floor:
+                verdicts.append(("T12", "skipped"))
+            continue
+        cells = [check("T12", c["ratio"] <= GRAPH_MAX_RATIO,
+                       f"≤{GRAPH_MAX_RATIO:g}× raw", verdicts)]
+        if floor:
+            cells.append(check("T12", c.get("speedup", 0.0) >= floor, f"≥{floor:g}× faster",
+                               verdicts))
+        if c.get("replayed", 1.0) < 1.0:
+            cells.append("not replayed (capture refused: eager)")
+        rows.append(list(key) + [
+            f"{c['calls']:.0f}" if "calls" in c else "-",
+            fmt_us(c.get("raw_median_us")), fmt_us(c.get("runner_median_us")),
+            f"{fmt_us(c.get('raw_p99_us'))} / {fmt_us(c.get('runner_p99_us'))}",
+            f"{c.get('speedup', 0.0):.2f}×",
+            "yes" if c.get("bitwise", 0.0) >= 1.0 else "no (within 1e-4)",
+            "; ".join(cells)])
+    return rows, verdicts, used
+
+
 def markdown(header, rows):
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
@@ -809,10 +863,11 @@ def main(argv):
                         "ratio median (min–max)", "target"], qrows))
     srows, stream_verdicts, used_s = stream_rows(other)
     irows, isolation_verdicts, used_i = isolation_rows(other)
+    grows, graph_verdicts, used_g = graph_rows(other)
     runs, limit, shared = offload_results(other)
     used_o = {r.base for r in runs + shared + ([limit] if limit else [])}
-    verdicts = verdicts + stream_verdicts + isolation_verdicts
-    other = [r for r in other if r.base not in used_s | used_i | used_o]
+    verdicts = verdicts + stream_verdicts + isolation_verdicts + graph_verdicts
+    other = [r for r in other if r.base not in used_s | used_i | used_o | used_g]
     if srows:
         tables.append("### T2: stream policies, per call (bm_streams; delta = policy − "
                       "caller_stream in the same repetition)\n" + markdown(
@@ -832,6 +887,13 @@ def main(argv):
                     "is taken out (the victim is compute-bound on its SMs).\n\n")
         tables.append("### T3: victim latency under a saturating co-tenant (bm_isolation)\n"
                       + note + markdown(header, irows))
+    if grows:
+        tables.append(
+            "### T12: CUDA graph replay, graphed<caller_stream> runner vs the raw call "
+            "(bm_graphs; paired, each call timed with its device synchronisation)\n"
+            + markdown(["model", "loader", "batch", "calls", "raw median µs",
+                        "runner median µs", "p99 raw / runner µs", "speed-up",
+                        "bitwise", "target"], grows))
     if used_o:
         text, offload_verdicts = offload_section(runs, limit, shared)
         tables.append(text)

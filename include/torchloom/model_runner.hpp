@@ -77,6 +77,12 @@ class model_runner {
   static_assert(!loader<Loader> || residency_policy_for<Residency, Loader>,
                 "torchloom: Residency must satisfy torchloom::residency_policy_for<Loader>; "
                 "see torchloom/concepts/residency_policy.hpp");
+  static_assert(!detail::captures_graphs<Stream> || detail::graph_capturable<Residency>,
+                "torchloom: graphed<Stream> cannot be combined with this Residency: a "
+                "captured CUDA graph replays the first run's copies to the same addresses, and "
+                "streamed_weights decides on the host, at every run, which weight goes where "
+                "in its ring; use resident_weights, shared_weights or mapped_weights with "
+                "graphed, or the plain stream policy with streamed_weights");
 
  public:
   using loader_type = Loader;
@@ -116,10 +122,17 @@ class model_runner {
     return guarded([&] {
       // Inside: moving CPU inputs to the device can fail (out of memory).
       detail::check_inputs(core_.name(), core_.signature(), inputs, core_.device());
-      return stream_.execute(core_.device(), inputs, [&](const run_context& rc) {
-        return weights_.execute(
-            [&](model_type& m) { return loader_.run(m, std::move(inputs), rc); });
-      });
+      const auto run_on = [&](const run_context& rc, std::vector<c10::IValue>&& in) {
+        return weights_.execute([&](model_type& m) { return loader_.run(m, std::move(in), rc); });
+      };
+      // The second form lets an adaptor (graphed) run the model on buffers of its own.
+      return stream_.execute(
+          core_.device(), inputs,
+          detail::overloaded{
+              [&](const run_context& rc) { return run_on(rc, std::move(inputs)); },
+              [&](const run_context& rc, std::vector<c10::IValue> in) {
+                return run_on(rc, std::move(in));
+              }});
     });
   }
 
@@ -136,16 +149,29 @@ class model_runner {
         const auto moved =
             detail::check_tensor_inputs(core_.name(), core_.signature(), inputs, core_.device());
         const std::vector<at::Tensor>& in = moved ? *moved : inputs;
-        return stream_.execute(core_.device(), in, [&](const run_context& rc) {
+        const auto run_on = [&](const run_context& rc, const std::vector<at::Tensor>& given) {
           return weights_.execute([&](model_type& m) {
-            out = loader_.run_tensors(m, in, rc);
+            out = loader_.run_tensors(m, given, rc);
             // What the stream policy sees of the outputs (to order them with the caller):
             // one tensor needs no allocation.
             return out.size() == 1 ? c10::IValue(out.front())
                                    : c10::IValue(c10::ivalue::Tuple::create(
                                          std::vector<c10::IValue>(out.begin(), out.end())));
           });
-        });
+        };
+        c10::IValue result = stream_.execute(
+            core_.device(), in,
+            detail::overloaded{[&](const run_context& rc) { return run_on(rc, in); },
+                               [&](const run_context& rc, const std::vector<at::Tensor>& given) {
+                                 return run_on(rc, given);
+                               }});
+        // A policy that returns outputs of its own (graphed: copies of a replay's) does not
+        // hand back what the body produced.
+        if constexpr (detail::returns_own_outputs<Stream>) {
+          out.clear();
+          detail::flatten_tensors(core_.name(), result, out);
+        }
+        return result;
       });
       return out;
     }
@@ -215,6 +241,8 @@ class model_runner {
   c10::Device device() const noexcept { return core_.device(); }
   //! The declared inputs run() checks against.
   const input_signature& inputs() const noexcept { return core_.signature(); }
+  //! The stream policy (e.g. graphed<S>::stats()).
+  const Stream& stream() const noexcept { return stream_; }
   //! The loaded model (for inspection; run() is the way to call it).
   const model_type& model() const noexcept { return weights_.model(); }
   //! How much memory the weights take: device bytes, and for streamed_weights the most in
@@ -244,7 +272,7 @@ class model_runner {
       : core_(checked_spec(std::move(spec)), device),
         hook_(core_.context()),
         stream_(core_.context()),
-        weights_(loader_, core_.load(Loader::default_filename)) {
+        weights_(loader_, load_context_for_stream()) {
     if constexpr (requires { loader_.model_device(weights_.model()); }) {
       core_.adopt_model_device(loader_.model_device(weights_.model()));
     }
@@ -269,6 +297,12 @@ class model_runner {
                                  ", which this runner does not have: it would be ignored"));
     }
     return spec;
+  }
+
+  load_context load_context_for_stream() const {
+    load_context ctx = core_.load(Loader::default_filename);
+    ctx.graph_capture = detail::captures_graphs<Stream>;
+    return ctx;
   }
 
   // Runs `f` under InferenceMode (or no-grad) and the after-run work; torch's exceptions

@@ -1,6 +1,8 @@
 #pragma once
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
+#include <torchloom/option_types.hpp>
+#include <torchloom/stream/graph_options.hpp>
 
 #include <boost/describe/class.hpp>
 #include <boost/describe/members.hpp>
@@ -20,29 +22,13 @@
 
 namespace torchloom {
 
-//! An integer option with an inclusive range, checked when parsed.
-template <class T, T Min, T Max>
-struct bounded {
-  static_assert(std::is_integral_v<T> && Min <= Max);
-  using value_type = T;
-  static constexpr T min = Min;
-  static constexpr T max = Max;
-
-  T value{};
-
-  constexpr bounded() = default;
-  constexpr bounded(T v) : value(v) {}  // NOLINT: implicit, like the integer it holds
-  constexpr operator T() const noexcept { return value; }
-  friend constexpr bool operator==(bounded, bounded) = default;
-  friend constexpr bool operator==(bounded a, T b) noexcept { return a.value == b; }
-};
-
 //! Everything a runner can be told at run time. Each member's key is its name in upper case
 //! (Triton's spelling where Triton has the key): `intra_op_thread_count` is
 //! `INTRA_OP_THREAD_COUNT`. Parsing, printing and the list of keys are derived from the
 //! description below; there is no second table of keys. An unset optional leaves the torch
-//! default alone.
-struct runner_options {
+//! default alone. A component that owns its settings contributes them as a described base
+//! (graph_options: graphed<Stream>'s); its keys come first.
+struct runner_options : graph_options {
   //! Run under c10::InferenceMode (otherwise under no-grad).
   bool inference_mode = true;
   //! Turn the TorchScript graph executor's optimisation off (per run, per thread).
@@ -81,7 +67,7 @@ struct runner_options {
 
   friend bool operator==(const runner_options&, const runner_options&) = default;
 };
-BOOST_DESCRIBE_STRUCT(runner_options, (),
+BOOST_DESCRIBE_STRUCT(runner_options, (graph_options),
                       (inference_mode, disable_optimized_execution, enable_jit_executor,
                        enable_jit_profiling, intra_op_thread_count, inter_op_thread_count,
                        disable_cudnn, enable_tensor_fuser, enable_nvfuser, enable_cache_cleaning,
@@ -115,6 +101,8 @@ std::string accepted() {
     } else {
       return concat("an integer from ", +T::min, " to ", +T::max);
     }
+  } else if constexpr (custom_option_value<T>) {
+    return T::accepted();
   } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
     return "a ';'-separated list";
   } else {
@@ -151,6 +139,10 @@ bool parse_value(std::string_view text, T& out) {
     }
     out = v;
     return true;
+  } else if constexpr (custom_option_value<T>) {
+    auto v = T::parse(text);
+    if (v) out = std::move(*v);
+    return v.has_value();
   } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
     out = split(text, ';');
     return true;
@@ -168,6 +160,8 @@ std::string format_value(const T& v) {
     return v ? "true" : "false";
   } else if constexpr (is_bounded<T>::value) {
     return std::to_string(v.value);
+  } else if constexpr (custom_option_value<T>) {
+    return v.format();
   } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
     std::string out;
     for (const auto& s : v) out += (out.empty() ? "" : ";") + s;
@@ -177,8 +171,10 @@ std::string format_value(const T& v) {
   }
 }
 
+// The components' settings (described bases) included.
 using option_members =
-    boost::describe::describe_members<runner_options, boost::describe::mod_public>;
+    boost::describe::describe_members<runner_options, boost::describe::mod_public |
+                                                          boost::describe::mod_inherited>;
 
 }  // namespace detail
 
@@ -211,7 +207,9 @@ inline const std::map<std::string, std::string, std::less<>>& policy_option_read
       {"WEIGHT_OFFLOAD_BUDGET_MB", "the residency policies streamed_weights and mapped_weights"},
       {"WEIGHT_OFFLOAD_PREFETCH_DEPTH", "the residency policy streamed_weights"},
       {"AOTI_NUM_RUNNERS", "the loader aoti_loader"},
-      {"AOTI_MODEL_NAME", "the loader aoti_loader"}};
+      {"AOTI_MODEL_NAME", "the loader aoti_loader"},
+      {"CUDA_GRAPH_MAX_SHAPES", "the stream adaptor graphed<Stream>"},
+      {"CUDA_GRAPH_BATCH_SIZES", "the stream adaptor graphed<Stream>"}};
   return readers;
 }
 

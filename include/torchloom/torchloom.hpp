@@ -23,6 +23,9 @@
 #include <torchloom/signature.hpp>
 #include <torchloom/stream/adaptive.hpp>
 #include <torchloom/stream/caller.hpp>
+#include <torchloom/stream/graph_options.hpp>
+#include <torchloom/stream/graph_stats.hpp>
+#include <torchloom/stream/graphed.hpp>
 #include <torchloom/stream/green_context.hpp>
 #include <torchloom/stream/pool.hpp>
 #include <torchloom/triton_config.hpp>

@@ -12,6 +12,12 @@ static_assert(loader<torchscript_loader>);
 static_assert(hook_policy<no_hook>);
 static_assert(stream_policy<caller_stream>);
 static_assert(residency_policy_for<resident_weights, torchscript_loader>);
+static_assert(stream_policy<graphed<caller_stream>>);
+static_assert(stream_policy<graphed<pool_stream>>);
+static_assert(stream_policy<graphed<adaptive_stream>>);
+static_assert(torchloom::detail::captures_graphs<graphed<pool_stream>> &&
+              !torchloom::detail::captures_graphs<pool_stream>);
+static_assert(!torchloom::detail::graph_capturable<streamed_weights>);
 
 static_assert(std::is_empty_v<no_hook>);
 static_assert(std::is_empty_v<caller_stream>);

@@ -20,6 +20,10 @@ struct load_context {
   const model_spec& spec;
   std::filesystem::path file;  //!< the model file, resolved
   c10::Device device;
+  //! The runner's stream policy captures runs into CUDA graphs (graphed<Stream>): a loader
+  //! whose runtime keeps per-run state that a capture would break loads the model so that
+  //! it can be captured (aoti_loader: torch's single-threaded package runner).
+  bool graph_capture = false;
 };
 
 //! What a loader is given for one run: the device and the stream the stream policy chose.

@@ -14,6 +14,13 @@ template <class Model>
 struct model_body_archetype {
   c10::IValue operator()(Model&) const;
 };
+
+//! Whether a run under residency policy R may be captured into a CUDA graph and replayed
+//! (graphed<Stream>): true unless R says `static constexpr bool graph_capturable = false`.
+template <class R>
+inline constexpr bool graph_capturable = !requires {
+  requires !R::graph_capturable;
+};
 }  // namespace detail
 
 //! A residency policy decides where a model's weights live. Required, for a loader L:

@@ -46,6 +46,9 @@ namespace torchloom {
 //! A loaded AOTInductor package and what it declares.
 struct aoti_model {
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> package;
+  //! Set when the package was loaded for CUDA graph capture (load_context::graph_capture):
+  //! torch's single-threaded runner takes no lock, so runs take this one.
+  std::unique_ptr<std::mutex> single_run;
   input_signature inputs;  //!< count and names from the package, dtype/shape where declared
   std::unordered_map<std::string, std::string> metadata;  //!< the package's metadata map
 };
@@ -79,11 +82,13 @@ template <class PackageLoader>
 std::unique_ptr<PackageLoader> make_package_loader(const std::string& model,
                                                    const std::string& file,
                                                    const std::string& model_name,
-                                                   std::size_t num_runners, c10::Device device) {
+                                                   std::size_t num_runners, c10::Device device,
+                                                   bool single_threaded = false) {
   const auto index = device.is_cuda() ? device.index() : c10::DeviceIndex{-1};
-  // false: run() may be called from several threads at once; torch's single-threaded mode
-  // takes no lock.
-  constexpr bool single_threaded = false;
+  // Normally false: run() may be called from several threads at once, and torch's
+  // single-threaded mode takes no lock. True for CUDA graph capture: the threaded runner
+  // records an event per run and queries it before the next, and an event recorded in a
+  // capture cannot be queried afterwards; the single-threaded runner keeps no such state.
   using str = const std::string&;
   if constexpr (std::is_constructible_v<PackageLoader, str, str, bool, std::size_t,
                                         c10::DeviceIndex>) {
@@ -193,7 +198,8 @@ struct aoti_loader {
       if (ctx.device.is_cuda()) on_device.emplace(ctx.device);
       m.package = detail::make_package_loader<torch::inductor::AOTIModelPackageLoader>(
           name, file, opts.aoti_model_name, static_cast<std::size_t>(opts.aoti_num_runners),
-          ctx.device);
+          ctx.device, ctx.graph_capture);
+      if (ctx.graph_capture) m.single_run = std::make_unique<std::mutex>();
       m.metadata = m.package->get_metadata();
       call_spec = m.package->get_call_spec();
       container = detail::container_inputs::read(m.package->get_runner());
@@ -254,6 +260,8 @@ struct aoti_loader {
   // Calls `run(package, stream_handle)` on the stream the policy chose.
   template <class Run>
   static std::vector<at::Tensor> call(model_type& m, const run_context& rc, Run&& run) {
+    std::unique_lock<std::mutex> one_at_a_time;
+    if (m.single_run) one_at_a_time = std::unique_lock(*m.single_run);
     try {
       if (rc.device.is_cuda()) {
 #if TORCHLOOM_HAS_CUDA

@@ -194,7 +194,8 @@ struct mapped_weights {
       const auto& budget = ctx.spec.options.weight_offload_budget_mb;
       const std::int64_t resident = budget ? *budget * (std::int64_t{1} << 20) : 0;
       if constexpr (torchscript) {
-        model_ = l.load(load_context{ctx.spec, ctx.file, c10::Device(c10::kCPU)});
+        model_ =
+            l.load(load_context{ctx.spec, ctx.file, c10::Device(c10::kCPU), ctx.graph_capture});
         detail::weight_rewrite rewrite =
             detail::rewrite_weight_reads(model_.module, *map_, ctx.spec.name);
         map_->prepare(rewrite, resident);

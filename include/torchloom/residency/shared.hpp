@@ -37,7 +37,7 @@ inline std::string shared_model_key(const load_context& ctx, const std::string& 
   if (path.empty() || ::stat(path.c_str(), &st) != 0) return {};
   return concat(path, '\n', st.st_dev, ':', st.st_ino, ':', st.st_size, ':',
                 st.st_mtim.tv_sec, '.', st.st_mtim.tv_nsec, '\n', ctx.device, '\n',
-                options_key);
+                options_key, ctx.graph_capture ? "\ngraph capture" : "");
 }
 }  // namespace detail
 

@@ -504,6 +504,10 @@ struct streamed_weights {
   //! The option keys this policy reads (a runner without it refuses them).
   static constexpr std::string_view reads_options[] = {"WEIGHT_OFFLOAD_BUDGET_MB",
                                                        "WEIGHT_OFFLOAD_PREFETCH_DEPTH"};
+
+  //! A CUDA graph would replay the first run's copies: graphed<Stream> refuses this policy.
+  static constexpr bool graph_capturable = false;
+
   template <class Loader>
   class holder {
     static_assert(std::is_same_v<Loader, torchscript_loader>,
@@ -515,7 +519,8 @@ struct streamed_weights {
         : stream_(std::make_unique<detail::weight_stream>(ctx.spec.name, ctx.device)) {
       detail::require_cuda_build(ctx.spec.name, ctx.device, "streamed_weights");
       // Loaded on the host: the weights must never all be on the device at once.
-      model_ = l.load(load_context{ctx.spec, ctx.file, c10::Device(c10::kCPU)});
+      model_ =
+          l.load(load_context{ctx.spec, ctx.file, c10::Device(c10::kCPU), ctx.graph_capture});
       detail::weight_rewrite rewrite =
           detail::rewrite_weight_reads(model_.module, *stream_, ctx.spec.name);
       const auto& opts = ctx.spec.options;

@@ -11,6 +11,7 @@ using torchloom::runner_options;
 
 TEST_CASE("option keys are the design's keys, derived from the description", "[options]") {
   const std::vector<std::string> expected = {
+      "CUDA_GRAPH_MAX_SHAPES", "CUDA_GRAPH_BATCH_SIZES",  // graph_options, a described base
       "INFERENCE_MODE",        "DISABLE_OPTIMIZED_EXECUTION", "ENABLE_JIT_EXECUTOR",
       "ENABLE_JIT_PROFILING",  "INTRA_OP_THREAD_COUNT",       "INTER_OP_THREAD_COUNT",
       "DISABLE_CUDNN",         "ENABLE_TENSOR_FUSER",         "ENABLE_NVFUSER",
@@ -173,4 +174,41 @@ TEST_CASE("config.pbtxt errors name the file, the line and the problem", "[optio
       errc::invalid_option, "c.pbtxt:1", "string_value");
   CHECK_TORCHLOOM_ERROR(torchloom::parse_triton_config("name \"x\"", "c.pbtxt"),
                         errc::invalid_option, "expected ':' or '{' after 'name'");
+}
+
+TEST_CASE("graphed's options are keys like any other, range-checked", "[options][graphs]") {
+  runner_options o;
+  CHECK(o.cuda_graph_max_shapes == 8);
+  CHECK(o.cuda_graph_batch_sizes.sizes.empty());
+  torchloom::set_option(o, "CUDA_GRAPH_MAX_SHAPES", "3");
+  CHECK(o.cuda_graph_max_shapes == 3);
+  torchloom::set_option(o, "cuda_graph_batch_sizes", " 1, 2,4 ;8 ");
+  CHECK(o.cuda_graph_batch_sizes.sizes == std::vector<std::int64_t>{1, 2, 4, 8});
+  CHECK(o.cuda_graph_batch_sizes.bucket_for(3) == 4);
+  CHECK(o.cuda_graph_batch_sizes.bucket_for(8) == 8);
+  CHECK_FALSE(o.cuda_graph_batch_sizes.bucket_for(9).has_value());
+  CHECK(torchloom::get_option(o, "CUDA_GRAPH_BATCH_SIZES") == "1,2,4,8");
+  CHECK(torchloom_test::contains(torchloom::to_string(o, true),
+                                 "CUDA_GRAPH_BATCH_SIZES=1,2,4,8\n"));
+  CHECK_FALSE(o == runner_options{});
+  // What to_string prints parses back to the same options.
+  runner_options back;
+  torchloom::set_option(back, "CUDA_GRAPH_MAX_SHAPES",
+                        torchloom::get_option(o, "CUDA_GRAPH_MAX_SHAPES"));
+  torchloom::set_option(back, "CUDA_GRAPH_BATCH_SIZES",
+                        torchloom::get_option(o, "CUDA_GRAPH_BATCH_SIZES"));
+  CHECK(back == o);
+  torchloom::set_option(back, "CUDA_GRAPH_BATCH_SIZES", "");
+  CHECK(back.cuda_graph_batch_sizes.sizes.empty());
+
+  for (const char* bad : {"0", "1025", "x"}) {
+    CHECK_TORCHLOOM_ERROR(torchloom::set_option(o, "CUDA_GRAPH_MAX_SHAPES", bad, "ranker"),
+                          errc::invalid_option, "model 'ranker'", "CUDA_GRAPH_MAX_SHAPES",
+                          "from 1 to 1024");
+  }
+  for (const char* bad : {"4,2", "1,1", "0,4", "1,x", "70000", "-1"}) {
+    CHECK_TORCHLOOM_ERROR(torchloom::set_option(o, "CUDA_GRAPH_BATCH_SIZES", bad, "ranker"),
+                          errc::invalid_option, "model 'ranker'", "CUDA_GRAPH_BATCH_SIZES",
+                          "strictly increasing");
+  }
 }

@@ -1,0 +1,669 @@
+#pragma once
+#include <torchloom/detail/config.hpp>
+
+#if !TORCHLOOM_HAS_CUDA
+#error \
+    "torchloom/cuda/graph_cache.hpp needs CUDA: link torchloom::cuda (a CUDA toolkit and a CUDA build of torch)"
+#endif
+
+#include <torchloom/concepts/loader.hpp>
+#include <torchloom/detail/strings.hpp>
+#include <torchloom/detail/torch_error.hpp>
+#include <torchloom/error.hpp>
+#include <torchloom/stream/graph_options.hpp>
+#include <torchloom/stream/graph_stats.hpp>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <ATen/cuda/EmptyTensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/Device.h>
+#include <c10/core/Stream.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <exception>
+#include <iostream>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <type_traits>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace torchloom::cuda {
+
+//! One runner's CUDA graphs, keyed by input signature (see graphed<Stream> in
+//! torchloom/stream/graphed.hpp for the behaviour). All graphs share one private memory pool;
+//! replays of one runner are chained by an event on the GPU, so no two replays ever touch the
+//! shared pool or one graph's static buffers at the same time, whichever streams they run on.
+//! Thread-safe. Throws cuda_error (constructor) when a CUDA call fails.
+class graph_cache {
+ public:
+  //! Eager runs of a new signature before it is captured (see graph_stats.hpp).
+  static constexpr int eager_runs_before_capture = graph_eager_runs_before_capture;
+
+  graph_cache(std::string model, c10::Device device, const graph_options& options,
+              bool capture_on_run_stream)
+      : model_(std::move(model)),
+        device_(device),
+        max_shapes_(static_cast<std::size_t>(options.cuda_graph_max_shapes.value)),
+        buckets_(options.cuda_graph_batch_sizes),
+        capture_on_run_stream_(capture_on_run_stream) {
+    c10::cuda::CUDAGuard guard(device_);
+    check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
+    check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
+    if (!capture_on_run_stream_) {
+      check(cudaStreamCreateWithFlags(&capture_stream_, cudaStreamNonBlocking),
+            "cudaStreamCreate");
+    }
+    pool_ = at::cuda::graph_pool_handle();
+    // torch's switch for its uncached allocator (read as torch reads it): tensors freed at
+    // the end of a capture are then given back to CUDA while the graph still uses them, so
+    // nothing is captured.
+    uncached_allocator_ = std::getenv("PYTORCH_NO_CUDA_MEMORY_CACHING") != nullptr;
+  }
+
+  graph_cache(const graph_cache&) = delete;
+  graph_cache& operator=(const graph_cache&) = delete;
+
+  ~graph_cache() {
+    c10::cuda::CUDAGuard guard(device_);
+    // The last replay may still run: its graph and buffers go only after it.
+    (void)cudaEventSynchronize(done_);
+    entries_.clear();
+    index_.clear();
+    if (capture_stream_ != nullptr) (void)cudaStreamDestroy(capture_stream_);
+    (void)cudaEventDestroy(ready_);
+    (void)cudaEventDestroy(done_);
+  }
+
+  //! Runs `body` through `inner` (the wrapped stream policy): eagerly for a signature seen
+  //! fewer than eager_runs_before_capture times or that cannot be captured, else by replaying
+  //! its graph (captured on the spot the first time). Returns fresh output tensors.
+  template <class Inner, class Inputs, class Body>
+  c10::IValue run(Inner& inner, c10::Device device, const Inputs& inputs, Body&& body) {
+    const std::optional<signature> sig = signature_of(inputs);
+    bool eager = true;
+    {
+      std::lock_guard lock(mutex_);
+      if (sig) {
+        entry& e = touch(*sig);
+        eager = e.uncapturable || (!e.graph && e.seen < eager_runs_before_capture);
+        if (eager) ++e.seen;
+      }
+      if (eager) ++stats_.eager_runs;
+    }
+    // Eager runs go outside the lock: they overlap as they do without graphs.
+    if (eager) return inner.execute(device, inputs, std::forward<Body>(body));
+    return inner.execute(device, inputs, [&](const run_context& rc) -> c10::IValue {
+      std::unique_lock lock(mutex_);
+      // Looked up again: another thread may have pushed it out meanwhile.
+      entry& e = touch(*sig);
+      if (!e.graph && !e.uncapturable) capture(e, rc, inputs, body, *sig);
+      if (e.uncapturable) {
+        ++stats_.eager_runs;
+        lock.unlock();
+        return body(rc);
+      }
+      return replay(e, rc, inputs, *sig);
+    });
+  }
+
+  //! What the cache has done so far.
+  graph_stats stats() const {
+    std::lock_guard lock(mutex_);
+    graph_stats s = stats_;
+    s.cached_graphs = 0;
+    for (const auto& e : entries_) s.cached_graphs += e.graph ? 1 : 0;
+    return s;
+  }
+
+ private:
+  struct signature {
+    std::string key;
+    std::int64_t batch = -1;   // the real batch size when padded to a bucket, else -1
+    std::int64_t bucket = -1;  // the bucket, when padded
+  };
+
+  // The captured graph as the child of a graph of our own, between one memcpy node per input
+  // (the caller's tensor into the static buffer) and one per output (the static buffer into a
+  // fresh tensor). Each replay points the memcpy nodes at its tensors
+  // (cudaGraphExecMemcpyNodeSetParams1D) and launches once: no separate copies before and
+  // after, and no gaps between them on the GPU.
+  struct fused_graph {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    std::vector<cudaGraphNode_t> in_nodes;
+    std::vector<cudaGraphNode_t> out_nodes;
+    // What each node copies now (inputs' nodes, then outputs'): a node whose tensors are those
+    // of the last run (the same caller tensor, the allocator's same block) is left as it is.
+    struct operands {
+      void* dst = nullptr;
+      const void* src = nullptr;
+      std::size_t bytes = 0;
+    };
+    std::vector<operands> now;
+
+    fused_graph() = default;
+    fused_graph(const fused_graph&) = delete;
+    fused_graph& operator=(const fused_graph&) = delete;
+    ~fused_graph() {
+      if (exec != nullptr) (void)cudaGraphExecDestroy(exec);
+      if (graph != nullptr) (void)cudaGraphDestroy(graph);
+    }
+  };
+
+  struct entry {
+    std::string key;
+    int seen = 0;
+    bool uncapturable = false;
+    std::unique_ptr<at::cuda::CUDAGraph> graph;
+    // Launched with cudaGraphLaunch directly: the graph draws no random numbers, so torch's
+    // replay() would only re-seed the generator (two small kernels per replay) for nothing.
+    bool direct = false;
+    bool replayed = false;
+    std::vector<at::Tensor> static_inputs;
+    c10::IValue static_outputs;
+    // The copies folded into one launch with the graph (see fuse()); null until the first
+    // direct replay, and for good when the graph cannot be wrapped so.
+    std::unique_ptr<fused_graph> fused;
+    bool fuse_tried = false;
+  };
+
+  static const at::Tensor* tensor_of(const at::Tensor& t) { return &t; }
+  static const at::Tensor* tensor_of(const c10::IValue& v) {
+    return v.isTensor() ? &v.toTensor() : nullptr;
+  }
+
+  template <class T>
+  static void append(std::string& key, T v) {
+    key.append(reinterpret_cast<const char*>(&v), sizeof v);
+  }
+
+  // Shapes, dtypes, layouts and devices of the inputs, with the batch dimension replaced by
+  // its bucket. Empty when an input is not a tensor on the runner's device: such runs stay
+  // eager.
+  template <class Inputs>
+  std::optional<signature> signature_of(const Inputs& inputs) const {
+    signature sig;
+    sig.key.reserve(16 + inputs.size() * 48);
+    std::int64_t batch = -1;
+    bool same_batch = !buckets_.sizes.empty();
+    for (const auto& v : inputs) {
+      const at::Tensor* t = tensor_of(v);
+      if (t == nullptr || !t->defined() || t->device() != device_) return std::nullopt;
+      if (t->dim() == 0) {
+        same_batch = false;
+      } else if (batch < 0) {
+        batch = t->size(0);
+      } else if (t->size(0) != batch) {
+        same_batch = false;
+      }
+    }
+    std::optional<std::int64_t> bucket;
+    if (same_batch && batch > 0) bucket = buckets_.bucket_for(batch);
+    for (const auto& v : inputs) {
+      const at::Tensor& t = *tensor_of(v);
+      append(sig.key, static_cast<std::int8_t>(t.scalar_type()));
+      append(sig.key, static_cast<std::int8_t>(t.is_contiguous()));
+      append(sig.key, static_cast<std::int8_t>(t.dim()));
+      for (std::int64_t d = 0; d < t.dim(); ++d) {
+        append(sig.key, d == 0 && bucket ? *bucket : t.size(d));
+      }
+    }
+    if (bucket && *bucket != batch) {
+      sig.batch = batch;
+      sig.bucket = *bucket;
+    }
+    return sig;
+  }
+
+  // The entry for `sig`, made most recently used; a new one may push the least recently used
+  // out.
+  entry& touch(const signature& sig) {
+    if (auto it = index_.find(sig.key); it != index_.end()) {
+      entries_.splice(entries_.begin(), entries_, it->second);
+      return entries_.front();
+    }
+    while (entries_.size() >= max_shapes_) {
+      entry& victim = entries_.back();
+      if (victim.graph) {
+        // Its last replay may still run on the GPU: wait for it (rare: the LRU is full).
+        check(cudaEventSynchronize(done_), "cudaEventSynchronize");
+        ++stats_.evictions;
+      }
+      index_.erase(victim.key);
+      entries_.pop_back();
+    }
+    entries_.emplace_front();
+    entries_.front().key = sig.key;
+    index_.emplace(sig.key, entries_.begin());
+    return entries_.front();
+  }
+
+  // Copies the inputs into the entry's static buffers (only the real rows when padded).
+  template <class Inputs>
+  static void copy_in(entry& e, const Inputs& inputs, const signature& sig,
+                      cudaStream_t stream) {
+    for (std::size_t i = 0; i < e.static_inputs.size(); ++i) {
+      const at::Tensor& t = *tensor_of(inputs[i]);
+      at::Tensor dst = e.static_inputs[i];
+      if (sig.bucket > 0 && dst.dim() > 0) dst = dst.narrow(0, 0, sig.batch);
+      if (dst.is_contiguous() && t.is_contiguous() && dst.scalar_type() == t.scalar_type() &&
+          dst.numel() == t.numel()) {
+        // The same bytes: one copy, without the dispatcher and TensorIterator around it.
+        check_static(cudaMemcpyAsync(dst.data_ptr(), t.data_ptr(), t.nbytes(),
+                                     cudaMemcpyDeviceToDevice, stream),
+                     "cudaMemcpyAsync");
+      } else {
+        dst.copy_(t, /*non_blocking=*/true);
+      }
+    }
+  }
+
+  // Captures the model on copies of these inputs. A model that cannot be captured (it
+  // synchronises with the host, copies from pageable host memory, returns something other
+  // than tensors) is marked so and runs eagerly from then on, with one warning per runner.
+  template <class Inputs, class Body>
+  void capture(entry& e, const run_context& rc, const Inputs& inputs, Body& body,
+               const signature& sig) {
+    const c10::cuda::CUDAStream run_stream(c10::cuda::CUDAStream::UNCHECKED, rc.stream);
+    c10::cuda::CUDAStreamGuard on_run(run_stream);
+    e.static_inputs.clear();
+    for (const auto& v : inputs) {
+      const at::Tensor& t = *tensor_of(v);
+      if (sig.bucket > 0 && t.dim() > 0) {
+        std::vector<std::int64_t> shape(t.sizes().begin(), t.sizes().end());
+        shape[0] = sig.bucket;
+        // Padding rows are zeros at first, then whatever the last larger batch left there:
+        // rows are independent, so they never reach the real rows' outputs.
+        e.static_inputs.push_back(at::zeros(shape, t.options()));
+      } else {
+        e.static_inputs.push_back(at::empty_strided(t.sizes(), t.strides(), t.options()));
+      }
+    }
+    copy_in(e, inputs, sig, run_stream.stream());
+
+    const c10::cuda::CUDAStream capture_stream =
+        capture_on_run_stream_ ? run_stream
+                               : c10::cuda::getStreamFromExternal(capture_stream_, device_.index());
+    if (capture_stream != run_stream) {
+      check(cudaEventRecord(ready_, run_stream.stream()), "cudaEventRecord");
+      check(cudaStreamWaitEvent(capture_stream.stream(), ready_, 0), "cudaStreamWaitEvent");
+    }
+    auto graph = make_graph<at::cuda::CUDAGraph>();
+    std::string why;
+    c10::IValue outputs;
+    if (uncached_allocator_) {
+      why = "PYTORCH_NO_CUDA_MEMORY_CACHING is set: torch's uncached allocator frees a graph's "
+            "memory at the end of its capture";
+    } else {
+      c10::cuda::CUDAStreamGuard on_capture(capture_stream);
+      const Inputs replacement(e.static_inputs.begin(), e.static_inputs.end());
+      bool begun = false;
+      try {
+        // Relaxed: the capture is on a stream of its own, and other threads of the process
+        // (other runners, eager runs of this one) keep calling CUDA meanwhile.
+#if TORCHLOOM_TORCH_VERSION >= 20100
+        graph->capture_begin(pool_, cudaStreamCaptureModeRelaxed);
+#else
+        graph->capture_begin(pool_);  // older torch captures in global mode only
+#endif
+        begun = true;
+        outputs = body(run_context{rc.device, capture_stream.unwrap()}, replacement);
+      } catch (const std::exception& ex) {
+        why = detail::torch_message(ex);
+      }
+      if (begun) {
+        try {
+          graph->capture_end();
+        } catch (const std::exception& ex) {
+          if (why.empty()) why = detail::torch_message(ex);
+        }
+      }
+    }
+    // A failed capture leaves its error in the runtime's last-error slot.
+    if (!why.empty()) (void)cudaGetLastError();
+    if (why.empty() && !tensors_only(outputs)) {
+      why = "its output is not a tensor, a tuple of tensors or a list of tensors";
+    }
+    ++stats_.captures;
+    if (!why.empty()) {
+      e.uncapturable = true;
+      e.static_inputs.clear();
+      ++stats_.uncapturable;
+      if (!warned_) {
+        warned_ = true;
+        std::clog << "torchloom: warning: model '" << model_
+                  << "': cannot capture a CUDA graph (" << why
+                  << "); this input signature runs eagerly from now on\n";
+      }
+      return;
+    }
+    e.graph = std::move(graph);
+    e.static_outputs = std::move(outputs);
+  }
+
+  // Keeps the captured cudaGraph_t (torch 2.8 and later can), so that fuse() can wrap it.
+  template <class Graph>
+  static std::unique_ptr<Graph> make_graph() {
+    if constexpr (std::is_constructible_v<Graph, bool>) {
+      return std::make_unique<Graph>(/*keep_graph=*/true);
+    } else {
+      return std::make_unique<Graph>();
+    }
+  }
+
+  // Replays the entry's graph on the run's stream and returns copies of its outputs.
+  template <class Inputs>
+  c10::IValue replay(entry& e, const run_context& rc, const Inputs& inputs,
+                     const signature& sig) {
+    const c10::cuda::CUDAStream stream(c10::cuda::CUDAStream::UNCHECKED, rc.stream);
+    c10::cuda::CUDAStreamGuard on_run(stream);
+    // After the runner's previous replay, on whatever stream it ran: the pool and the static
+    // buffers are this replay's alone.
+    check(cudaStreamWaitEvent(stream.stream(), done_, 0), "cudaStreamWaitEvent");
+    c10::IValue out;
+    if (!e.fused || !launch_fused(*e.fused, e, inputs, sig, stream.stream(), out)) {
+      copy_in(e, inputs, sig, stream.stream());
+      launch(e, stream.stream());
+      out = copy_out(e.static_outputs, sig, stream.stream());
+      if (e.direct && !e.fuse_tried) {
+        e.fuse_tried = true;
+        e.fused = fuse(e, inputs, sig, out);
+      }
+    }
+    check(cudaEventRecord(done_, stream.stream()), "cudaEventRecord");
+    ++stats_.replays;
+    return out;
+  }
+
+  // The bytes of input `t` that go into static buffer `dst` as one plain copy (the same dtype,
+  // both contiguous, only the real rows when padded), or 0 when it needs torch's copy_.
+  static std::size_t plain_bytes(const at::Tensor& t, const at::Tensor& dst,
+                                 const signature& sig) {
+    std::int64_t numel = dst.numel();
+    if (sig.bucket > 0 && dst.dim() > 0 && dst.size(0) > 0) {
+      numel = numel / dst.size(0) * sig.batch;
+    }
+    if (!t.is_contiguous() || !dst.is_contiguous() || t.scalar_type() != dst.scalar_type() ||
+        t.numel() != numel) {
+      return 0;
+    }
+    return t.nbytes();
+  }
+
+  static void flatten(const c10::IValue& v, std::vector<at::Tensor>& out) {
+    if (v.isTensor()) {
+      out.push_back(v.toTensor());
+    } else if (v.isTuple()) {
+      for (const auto& x : v.toTupleRef().elements()) flatten(x, out);
+    } else {
+      for (const at::Tensor& t : v.toTensorList().vec()) out.push_back(t);
+    }
+  }
+
+  // Wraps the entry's graph between memcpy nodes (see fused_graph), with this replay's inputs
+  // and fresh outputs as the nodes' first operands. Null when torch keeps no cudaGraph_t, for
+  // a green context's graph (a memcpy node of ours would run outside its partition), when an
+  // input or output is not one plain copy, or when CUDA refuses the wrapping: replays then
+  // copy around the graph as before.
+  template <class Inputs>
+  std::unique_ptr<fused_graph> fuse(entry& e, const Inputs& inputs, const signature& sig,
+                                    const c10::IValue& out) const {
+    if (!std::is_constructible_v<at::cuda::CUDAGraph, bool> || capture_on_run_stream_) {
+      return nullptr;
+    }
+    std::vector<at::Tensor> statics;
+    std::vector<at::Tensor> fresh_outputs;
+    flatten(e.static_outputs, statics);
+    flatten(out, fresh_outputs);
+    if (statics.size() != fresh_outputs.size()) return nullptr;
+    std::vector<std::size_t> in_bytes;
+    for (std::size_t i = 0; i < e.static_inputs.size(); ++i) {
+      const std::size_t bytes = plain_bytes(*tensor_of(inputs[i]), e.static_inputs[i], sig);
+      if (bytes == 0) return nullptr;
+      in_bytes.push_back(bytes);
+    }
+    for (std::size_t k = 0; k < statics.size(); ++k) {
+      if (!statics[k].is_contiguous() || fresh_outputs[k].nbytes() == 0 ||
+          fresh_outputs[k].scalar_type() != statics[k].scalar_type()) {
+        return nullptr;
+      }
+    }
+    auto f = std::make_unique<fused_graph>();
+    const auto failed = [](cudaError_t rc) {
+      if (rc == cudaSuccess) return false;
+      (void)cudaGetLastError();
+      return true;
+    };
+    try {
+      if (failed(cudaGraphCreate(&f->graph, 0))) return nullptr;
+      for (std::size_t i = 0; i < in_bytes.size(); ++i) {
+        cudaGraphNode_t node = nullptr;
+        if (failed(cudaGraphAddMemcpyNode1D(&node, f->graph, nullptr, 0,
+                                            e.static_inputs[i].data_ptr(),
+                                            tensor_of(inputs[i])->data_ptr(), in_bytes[i],
+                                            cudaMemcpyDeviceToDevice))) {
+          return nullptr;
+        }
+        f->in_nodes.push_back(node);
+        f->now.push_back({e.static_inputs[i].data_ptr(), tensor_of(inputs[i])->data_ptr(),
+                          in_bytes[i]});
+      }
+      const cudaGraph_t captured = raw_graph(*e.graph);
+      cudaGraphNode_t body = nullptr;
+      if (captured == nullptr ||
+          failed(cudaGraphAddChildGraphNode(&body, f->graph, f->in_nodes.data(),
+                                            f->in_nodes.size(), captured))) {
+        return nullptr;
+      }
+      for (std::size_t k = 0; k < statics.size(); ++k) {
+        cudaGraphNode_t node = nullptr;
+        if (failed(cudaGraphAddMemcpyNode1D(&node, f->graph, &body, 1,
+                                            fresh_outputs[k].data_ptr(), statics[k].data_ptr(),
+                                            fresh_outputs[k].nbytes(),
+                                            cudaMemcpyDeviceToDevice))) {
+          return nullptr;
+        }
+        f->out_nodes.push_back(node);
+        f->now.push_back(
+            {fresh_outputs[k].data_ptr(), statics[k].data_ptr(), fresh_outputs[k].nbytes()});
+      }
+      if (failed(cudaGraphInstantiateWithFlags(&f->exec, f->graph, 0))) return nullptr;
+    } catch (const std::exception&) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    return f;
+  }
+
+  // One launch: the caller's inputs into the static buffers, the graph, the static outputs
+  // into fresh tensors (made here, on the run's stream). False, with nothing launched, when
+  // this run's tensors do not fit the memcpy nodes (an input not one plain copy, memory CUDA
+  // will not put in the node): the caller copies around the graph instead.
+  template <class Inputs>
+  bool launch_fused(fused_graph& f, const entry& e, const Inputs& inputs, const signature& sig,
+                    cudaStream_t stream, c10::IValue& out) const {
+    // Node j (inputs' first): points it at dst, src, n unless it points there already.
+    const auto set = [&f](std::size_t j, cudaGraphNode_t node, void* dst, const void* src,
+                          std::size_t n) {
+      auto& now = f.now[j];
+      if (now.dst == dst && now.src == src && now.bytes == n) return true;
+      if (cudaGraphExecMemcpyNodeSetParams1D(f.exec, node, dst, src, n,
+                                             cudaMemcpyDeviceToDevice) == cudaSuccess) {
+        now = {dst, src, n};
+        return true;
+      }
+      (void)cudaGetLastError();
+      now = {};  // unknown: set again next time
+      return false;
+    };
+    for (std::size_t i = 0; i < e.static_inputs.size(); ++i) {
+      const at::Tensor& t = *tensor_of(inputs[i]);
+      const std::size_t bytes = plain_bytes(t, e.static_inputs[i], sig);
+      if (bytes == 0 ||
+          !set(i, f.in_nodes[i], e.static_inputs[i].data_ptr(), t.data_ptr(), bytes)) {
+        return false;
+      }
+    }
+    std::size_t k = 0;
+    bool ok = true;
+    const std::size_t first_out = f.in_nodes.size();
+    const auto make = [&](const at::Tensor& s) {
+      const bool sliced = sig.bucket > 0 && s.dim() > 0 && s.size(0) == sig.bucket;
+      // Straight to the CUDA allocator (on the run's stream, the current one), without the
+      // dispatcher around at::empty; the same tensor as at::empty makes.
+      at::Tensor o;
+      if (sliced) {
+        std::vector<std::int64_t> shape(s.sizes().begin(), s.sizes().end());
+        shape[0] = sig.batch;
+        o = at::Tensor(at::detail::empty_cuda(shape, s.options()));
+      } else {
+        o = at::Tensor(at::detail::empty_cuda(s.sizes(), s.options()));
+      }
+      ok = ok && k < f.out_nodes.size() && o.nbytes() > 0 &&
+           set(first_out + k, f.out_nodes[k], o.data_ptr(), s.data_ptr(), o.nbytes());
+      ++k;
+      return o;
+    };
+    c10::IValue result = map_outputs(e.static_outputs, make);
+    if (!ok || k != f.out_nodes.size()) return false;
+    check(cudaGraphLaunch(f.exec, stream), "cudaGraphLaunch");
+    out = std::move(result);
+    return true;
+  }
+
+  // The first replay goes through torch's replay(), which advances the default generator by
+  // what the graph draws; when it draws nothing, later replays launch the graph directly.
+  void launch(entry& e, cudaStream_t stream) {
+    if (e.direct) {
+      launch_exec(*e.graph, stream);
+      return;
+    }
+    const at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(device_.index());
+    const auto* state = gen.get<at::CUDAGeneratorImpl>();
+    const std::uint64_t before = state->philox_offset_per_thread();
+    e.graph->replay();
+    if (!e.replayed) {
+      e.replayed = true;
+      e.direct = state->philox_offset_per_thread() == before && has_exec(*e.graph);
+    }
+  }
+
+  // The captured graph, when this torch keeps it (see make_graph); else null.
+  template <class Graph>
+  static cudaGraph_t raw_graph(Graph& g) {
+    if constexpr (requires { g.raw_cuda_graph(); }) {
+      return g.raw_cuda_graph();
+    } else {
+      return nullptr;
+    }
+  }
+
+  // Whether this torch hands out the graph's executable (torch 2.8 and later do).
+  template <class Graph>
+  static bool has_exec(Graph& g) {
+    return requires { g.raw_cuda_graph_exec(); };
+  }
+
+  template <class Graph>
+  void launch_exec(Graph& g, cudaStream_t stream) const {
+    if constexpr (requires { g.raw_cuda_graph_exec(); }) {
+      check(cudaGraphLaunch(g.raw_cuda_graph_exec(), stream), "cudaGraphLaunch");
+    } else {
+      g.replay();
+    }
+  }
+
+  static bool tensors_only(const c10::IValue& v) {
+    if (v.isTensor()) return true;
+    if (v.isTuple()) {
+      for (const auto& x : v.toTupleRef().elements()) {
+        if (!tensors_only(x)) return false;
+      }
+      return true;
+    }
+    return v.isTensorList();
+  }
+
+  static at::Tensor fresh(const at::Tensor& t, const signature& sig, cudaStream_t stream) {
+    const at::Tensor src =
+        sig.bucket > 0 && t.dim() > 0 && t.size(0) == sig.bucket ? t.narrow(0, 0, sig.batch) : t;
+    if (!src.is_contiguous()) return src.clone();
+    // On the run's stream (current): the caching allocator ties the new block to it.
+    at::Tensor out = at::empty(src.sizes(), src.options());
+    check_static(cudaMemcpyAsync(out.data_ptr(), src.data_ptr(), src.nbytes(),
+                                 cudaMemcpyDeviceToDevice, stream),
+                 "cudaMemcpyAsync");
+    return out;
+  }
+
+  // The outputs as the caller's own tensors, in the structure the model returned.
+  static c10::IValue copy_out(const c10::IValue& v, const signature& sig, cudaStream_t stream) {
+    const auto copy = [&](const at::Tensor& t) { return fresh(t, sig, stream); };
+    return map_outputs(v, copy);
+  }
+
+  // `v`'s structure (a tensor, a tuple, a list of tensors) with each tensor t replaced by
+  // fn(t), in flatten()'s order.
+  template <class Fn>
+  static c10::IValue map_outputs(const c10::IValue& v, Fn& fn) {
+    if (v.isTensor()) return fn(v.toTensor());
+    if (v.isTuple()) {
+      std::vector<c10::IValue> elements;
+      elements.reserve(v.toTupleRef().elements().size());
+      for (const auto& x : v.toTupleRef().elements()) elements.push_back(map_outputs(x, fn));
+      return c10::ivalue::Tuple::create(std::move(elements));
+    }
+    c10::List<at::Tensor> list;
+    for (const at::Tensor& t : v.toTensorList().vec()) list.push_back(fn(t));
+    return list;
+  }
+
+  void check(cudaError_t rc, const char* what) const {
+    if (rc == cudaSuccess) return;
+    (void)cudaGetLastError();
+    throw error(errc::cuda_error, model_,
+                detail::concat("graphed: ", what, " failed: ", cudaGetErrorString(rc)));
+  }
+
+  // For the static helpers, which have no model name: the runner wraps what they throw as
+  // run_failed with its name.
+  static void check_static(cudaError_t rc, const char* what) {
+    if (rc == cudaSuccess) return;
+    (void)cudaGetLastError();
+    throw std::runtime_error(
+        detail::concat("graphed: ", what, " failed: ", cudaGetErrorString(rc)));
+  }
+
+  std::string model_;
+  c10::Device device_;
+  std::size_t max_shapes_;
+  graph_batch_sizes buckets_;
+  bool capture_on_run_stream_;
+  at::cuda::MempoolId_t pool_{0, 0};
+  cudaEvent_t done_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
+  cudaStream_t capture_stream_ = nullptr;
+  mutable std::mutex mutex_;
+  std::list<entry> entries_;  // most recently used first
+  std::unordered_map<std::string, std::list<entry>::iterator> index_;
+  graph_stats stats_;
+  bool warned_ = false;
+  bool uncached_allocator_ = false;
+};
+
+}  // namespace torchloom::cuda

@@ -1,0 +1,120 @@
+#pragma once
+
+#include <torchloom/concepts/stream_policy.hpp>
+#include <torchloom/detail/config.hpp>
+#include <torchloom/stream/caller.hpp>
+#include <torchloom/stream/graph_options.hpp>
+#include <torchloom/stream/graph_stats.hpp>
+
+#include <ATen/core/ivalue.h>
+#include <c10/core/Device.h>
+
+#include <array>
+#include <cstddef>
+#include <memory>
+#include <string_view>
+#include <utility>
+
+#if TORCHLOOM_HAS_CUDA
+#include <torchloom/cuda/graph_cache.hpp>
+#endif
+
+namespace torchloom {
+
+//! A stream-policy adaptor that replays CUDA graphs: `graphed<caller_stream>`,
+//! `graphed<pool_stream>`, `graphed<green_context_stream>`... For a CUDA device, per input
+//! signature (the inputs' dtypes, shapes and contiguity; with CUDA_GRAPH_BATCH_SIZES the
+//! batch dimension rounded up to its bucket) the first two runs run eagerly, the third
+//! captures the model into a CUDA graph (torch's at::cuda::CUDAGraph, in one private memory
+//! pool per runner) on buffers of its own, and from then on every run copies the inputs into
+//! those buffers, replays the graph on the stream the wrapped policy chose, and returns
+//! copies of the graph's outputs that the caller owns (with torch 2.8 and later, those copies
+//! are memcpy nodes around the graph, so a replay is one launch). The wrapped policy's fences
+//! and guarantees hold unchanged: the caller may use the outputs on its own stream at once.
+//!  - CUDA_GRAPH_MAX_SHAPES signatures are kept (least recently used goes; dropping a graph
+//!    waits for the runner's last replay on the host).
+//!  - A model that cannot be captured (it synchronises with the host, copies from pageable
+//!    host memory, returns something other than tensors) runs eagerly for that signature,
+//!    with one warning per runner on std::clog; inputs that are not all tensors on the
+//!    runner's device always run eagerly.
+//!  - Concurrent runs stay correct: a runner's replays are ordered one after another on the
+//!    GPU (an event chain; the host never waits), eager runs overlap as usual.
+//!  - Not with streamed_weights (a compile-time error says why).
+//! A no-op for a CPU device, and in a build without CUDA (which has only CPU devices).
+//! Throws what the wrapped policy throws, and cuda_error when a CUDA call fails.
+template <class Stream>
+class graphed {
+  static_assert(stream_policy<Stream>,
+                "torchloom: graphed<Stream> wraps a stream policy: Stream must satisfy "
+                "torchloom::stream_policy; see torchloom/concepts/stream_policy.hpp");
+
+ public:
+  using stream_type = Stream;
+  //! execute() returns copies of a replay's outputs, not what the body returned.
+  static constexpr bool returns_own_outputs = true;
+  //! Runs are captured: the runner checks that the residency policy replays correctly.
+  static constexpr bool captures_graphs = true;
+  //! The option keys it reads: the wrapped policy's and its own (a runner without graphed
+  //! refuses CUDA_GRAPH_* keys, see policy_option_readers).
+  static constexpr auto reads_options = [] {
+    constexpr std::size_t inner = [] {
+      if constexpr (requires { Stream::reads_options; }) {
+        return std::size(Stream::reads_options);
+      } else {
+        return std::size_t{0};
+      }
+    }();
+    std::array<std::string_view, inner + 2> keys{};
+    std::size_t i = 0;
+    if constexpr (requires { Stream::reads_options; }) {
+      for (std::string_view k : Stream::reads_options) keys[i++] = k;
+    }
+    keys[i++] = "CUDA_GRAPH_MAX_SHAPES";
+    keys[i++] = "CUDA_GRAPH_BATCH_SIZES";
+    return keys;
+  }();
+
+  explicit graphed(const model_context& ctx) : inner_(ctx) {
+#if TORCHLOOM_HAS_CUDA
+    if (ctx.device.is_cuda()) {
+      // A green context's kernels must be captured on its own stream: a kernel node runs in
+      // the context it was captured in, wherever the graph is launched.
+      constexpr bool context_bound = requires(const Stream& s) { s.context(); };
+      cache_ = std::make_unique<cuda::graph_cache>(ctx.name, ctx.device, ctx.options,
+                                                   context_bound);
+    }
+#endif
+  }
+
+  template <class Inputs, class Body>
+  c10::IValue execute(c10::Device device, const Inputs& inputs, Body&& body) {
+#if TORCHLOOM_HAS_CUDA
+    if (cache_ && device.is_cuda()) {
+      return cache_->run(inner_, device, inputs, std::forward<Body>(body));
+    }
+#endif
+    return inner_.execute(device, inputs, std::forward<Body>(body));
+  }
+
+  //! The wrapped policy.
+  Stream& wrapped() noexcept { return inner_; }
+  const Stream& wrapped() const noexcept { return inner_; }
+
+  //! Captures, replays, eager runs and evictions so far (all zero on CPU).
+  graph_stats stats() const {
+#if TORCHLOOM_HAS_CUDA
+    if (cache_) return cache_->stats();
+#endif
+    return {};
+  }
+
+ private:
+  Stream inner_;
+#if TORCHLOOM_HAS_CUDA
+  std::unique_ptr<cuda::graph_cache> cache_;
+#endif
+};
+
+static_assert(stream_policy<graphed<caller_stream>>);
+
+}  // namespace torchloom

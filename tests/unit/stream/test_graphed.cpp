@@ -1,0 +1,412 @@
+// graphed<Stream>: CUDA graph replay as a stream-policy adaptor. On CPU it is the wrapped
+// policy; on CUDA its outputs are bitwise those of the eager run for every wrapped policy,
+// both loaders and the residency policies it accepts, a new input signature is captured
+// anew, CUDA_GRAPH_MAX_SHAPES bounds the graphs kept, batch buckets pad and slice, the
+// caller's stream sees the outputs, a model that cannot be captured runs eagerly, and
+// concurrent callers get their own results.
+#include "../../support/aoti_fixtures.hpp"
+#include "../../support/fixtures.hpp"
+
+#include <torchloom/torchloom.hpp>
+
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/cuda.h>
+
+#include <stdlib.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+using torchloom::graphed;
+using torchloom::model_spec;
+using torchloom_test::temp_dir;
+
+namespace {
+
+template <class Stream, class Residency = torchloom::resident_weights>
+using ts_runner =
+    torchloom::model_runner<torchloom::torchscript_loader, torchloom::no_hook, Stream, Residency>;
+
+const c10::Device gpu(c10::kCUDA, 0);
+
+// Two layers, [batch, 64] -> [batch, 16], random weights: kernels enough to capture.
+torch::jit::Module make_mlp() {
+  torch::jit::Module m("mlp");
+  m.register_parameter("w1", torch::randn({128, 64}) * 0.1, false);
+  m.register_parameter("b1", torch::randn({128}), false);
+  m.register_parameter("w2", torch::randn({16, 128}) * 0.1, false);
+  m.register_parameter("b2", torch::randn({16}), false);
+  m.define(R"(
+def forward(self, x):
+    return torch.linear(torch.relu(torch.linear(x, self.w1, self.b1)), self.w2, self.b2)
+)");
+  return m;
+}
+
+// The MLP with two outputs: a tuple output is rebuilt from the graph's tensors.
+torch::jit::Module make_two_outputs() {
+  torch::jit::Module m("two");
+  m.register_parameter("w1", torch::randn({32, 64}) * 0.1, false);
+  m.define(R"(
+def forward(self, x):
+    h = torch.linear(x, self.w1)
+    return (torch.relu(h), h.sum(1))
+)");
+  return m;
+}
+
+// Reads a value back on the host (bool(...) of a CUDA tensor): it cannot be captured.
+torch::jit::Module make_host_sync() {
+  torch::jit::Module m("sync");
+  m.register_parameter("w1", torch::randn({16, 64}), false);
+  m.define(R"(
+def forward(self, x):
+    y = torch.linear(x, self.w1)
+    if bool(y.sum() > 0.0):
+        return y * 2.0
+    return y - 1.0
+)");
+  return m;
+}
+
+struct model_dir {
+  temp_dir dir;
+  explicit model_dir(torch::jit::Module m) { torchloom_test::write_triton_model(dir / "m", m); }
+  model_spec spec() const { return model_spec::from_directory(dir / "m"); }
+};
+
+at::Tensor input(std::int64_t batch, int seed, c10::Device device = gpu) {
+  torch::manual_seed(seed);
+  return torch::randn({batch, 64}).to(device);
+}
+
+bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes() == b.sizes() && a.dtype() == b.dtype() && torch::equal(a.cpu(), b.cpu());
+}
+
+c10::Stream side_stream() {
+  return c10::impl::getDeviceGuardImpl(gpu.type())->getStreamFromGlobalPool(gpu);
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("graphed on CPU is the wrapped policy", "[stream][graphs]",
+                   torchloom::caller_stream, torchloom::pool_stream) {
+  model_dir m(make_mlp());
+  ts_runner<TestType> plain(m.spec());
+  ts_runner<graphed<TestType>> g(m.spec());
+  for (int i = 0; i < 4; ++i) {
+    const auto x = input(3, i, c10::Device(c10::kCPU));
+    CHECK(bitwise_equal(g.run({x})[0], plain.run({x})[0]));
+    CHECK(bitwise_equal(g.run_tensors({x})[0], plain.run({x})[0]));
+  }
+  const torchloom::graph_stats s = g.stream().stats();
+  CHECK(s.captures == 0);
+  CHECK(s.replays == 0);
+  CHECK(s.cached_graphs == 0);
+}
+
+TEST_CASE("graphed: the wrapped policy is reachable and the adaptor is a stream policy",
+          "[stream][graphs]") {
+  STATIC_REQUIRE(torchloom::stream_policy<graphed<torchloom::caller_stream>>);
+  STATIC_REQUIRE(torchloom::stream_policy<graphed<torchloom::pool_stream>>);
+  STATIC_REQUIRE(torchloom::stream_policy<graphed<torchloom::adaptive_stream>>);
+  STATIC_REQUIRE(
+      std::is_same_v<graphed<torchloom::pool_stream>::stream_type, torchloom::pool_stream>);
+  STATIC_REQUIRE(torchloom::detail::graph_capturable<torchloom::mapped_weights>);
+  STATIC_REQUIRE(torchloom::detail::graph_capturable<torchloom::shared_weights>);
+  STATIC_REQUIRE(!torchloom::detail::graph_capturable<torchloom::streamed_weights>);
+}
+
+TEMPLATE_TEST_CASE("CUDA: graphed replays are bitwise the eager run, TorchScript",
+                   "[stream][graphs][cuda]", torchloom::caller_stream, torchloom::pool_stream,
+                   torchloom::adaptive_stream) {
+  TORCHLOOM_REQUIRE_CUDA();
+  model_dir m(make_mlp());
+  ts_runner<TestType> plain(m.spec(), gpu);
+  ts_runner<graphed<TestType>> g(m.spec(), gpu);
+  std::vector<at::Tensor> kept;
+  std::vector<at::Tensor> expected;
+  for (int i = 0; i < 8; ++i) {
+    const auto x = input(4, i);
+    kept.push_back(g.run({x})[0]);
+    expected.push_back(plain.run({x})[0]);
+  }
+  // Every output is the caller's own: later replays did not overwrite earlier outputs.
+  for (std::size_t i = 0; i < kept.size(); ++i) {
+    INFO("run " << i);
+    CHECK(bitwise_equal(kept[i], expected[i]));
+  }
+  const auto s = g.stream().stats();
+  CHECK(s.eager_runs == torchloom::graph_eager_runs_before_capture);
+  CHECK(s.captures == 1);
+  CHECK(s.replays == 8 - s.eager_runs);
+  CHECK(s.cached_graphs == 1);
+  // run_tensors and a tuple output go through the same graphs.
+  CHECK(bitwise_equal(g.run_tensors({input(4, 99)})[0], plain.run({input(4, 99)})[0]));
+}
+
+TEST_CASE("CUDA: graphed replays read an input tensor refilled in place, and keep earlier "
+          "outputs",
+          "[stream][graphs][cuda]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  model_dir m(make_mlp());
+  ts_runner<torchloom::caller_stream> plain(m.spec(), gpu);
+  ts_runner<graphed<torchloom::caller_stream>> g(m.spec(), gpu);
+  // One input tensor for every run (the same address each time), new values in it each time.
+  at::Tensor x = input(4, 0);
+  std::vector<at::Tensor> kept;
+  std::vector<at::Tensor> expected;
+  for (int i = 0; i < 8; ++i) {
+    x.copy_(input(4, i));
+    kept.push_back(g.run({x})[0]);
+    expected.push_back(plain.run({x})[0]);
+  }
+  for (std::size_t i = 0; i < kept.size(); ++i) {
+    INFO("run " << i);
+    CHECK(bitwise_equal(kept[i], expected[i]));
+  }
+  // Outputs dropped at once: the allocator hands the same block out again.
+  for (int i = 0; i < 4; ++i) {
+    x.copy_(input(4, 20 + i));
+    const at::Tensor want = plain.run({x})[0];
+    CHECK(bitwise_equal(g.run({x})[0], want));
+  }
+  CHECK(g.stream().stats().replays == 12 - torchloom::graph_eager_runs_before_capture);
+}
+
+TEST_CASE("CUDA: graphed rebuilds a tuple output from fresh tensors", "[stream][graphs][cuda]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  model_dir m(make_two_outputs());
+  ts_runner<torchloom::caller_stream> plain(m.spec(), gpu);
+  ts_runner<graphed<torchloom::caller_stream>> g(m.spec(), gpu);
+  for (int i = 0; i < 5; ++i) {
+    const auto got = g.run({input(2, i)});
+    const auto want = plain.run({input(2, i)});
+    REQUIRE(got.size() == 2);
+    CHECK(bitwise_equal(got[0], want[0]));
+    CHECK(bitwise_equal(got[1], want[1]));
+  }
+  CHECK(g.stream().stats().replays == 3);
+}
+
+TEMPLATE_TEST_CASE("CUDA: graphed works with shared_weights and mapped_weights",
+                   "[stream][graphs][cuda]", torchloom::shared_weights, torchloom::mapped_weights) {
+  TORCHLOOM_REQUIRE_CUDA();
+  model_dir m(make_mlp());
+  ts_runner<torchloom::caller_stream> plain(m.spec(), gpu);
+  ts_runner<graphed<torchloom::caller_stream>, TestType> g(m.spec(), gpu);
+  for (int i = 0; i < 6; ++i) {
+    CHECK(bitwise_equal(g.run({input(8, i)})[0], plain.run({input(8, i)})[0]));
+  }
+  CHECK(g.stream().stats().replays == 4);
+}
+
+TEST_CASE("CUDA: graphed captures each new input shape and keeps both", "[stream][graphs][cuda]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  model_dir m(make_mlp());
+  ts_runner<torchloom::caller_stream> plain(m.spec(), gpu);
+  ts_runner<graphed<torchloom::caller_stream>> g(m.spec(), gpu);
+  for (int round = 0; round < 3; ++round) {
+    for (const std::int64_t batch : {4, 8}) {
+      for (int i = 0; i < 3; ++i) {
+        const auto x = input(batch, round * 10 + i);
+        CHECK(bitwise_equal(g.run({x})[0], plain.run({x})[0]));
+      }
+    }
+  }
+  const auto s = g.stream().stats();
+  CHECK(s.captures == 2);  // one per shape, never again
+  CHECK(s.cached_graphs == 2);
+  CHECK(s.evictions == 0);
+  CHECK(s.replays == 18 - 2 * torchloom::graph_eager_runs_before_capture);
+}
+
+TEST_CASE("CUDA: CUDA_GRAPH_MAX_SHAPES drops the least recently used graph",
+          "[stream][graphs][cuda]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  model_dir m(make_mlp());
+  ts_runner<torchloom::caller_stream> plain(m.spec(), gpu);
+  ts_runner<graphed<torchloom::caller_stream>> g(m.spec().set("CUDA_GRAPH_MAX_SHAPES", "2"), gpu);
+  const auto run_thrice = [&](std::int64_t batch) {
+    for (int i = 0; i < 3; ++i) {
+      const auto x = input(batch, static_cast<int>(batch) * 100 + i);
+      CHECK(bitwise_equal(g.run({x})[0], plain.run({x})[0]));
+    }
+  };
+  run_thrice(1);
+  run_thrice(2);
+  run_thrice(1);  // 1 is now the most recently used
+  CHECK(g.stream().stats().captures == 2);
+  run_thrice(3);  // pushes 2 out
+  auto s = g.stream().stats();
+  CHECK(s.evictions == 1);
+  CHECK(s.cached_graphs == 2);
+  run_thrice(1);  // still cached: replayed, not captured
+  CHECK(g.stream().stats().captures == 3);
+  run_thrice(2);  // was dropped: eager twice, captured again
+  s = g.stream().stats();
+  CHECK(s.captures == 4);
+  CHECK(s.evictions == 2);
+}
+
+TEST_CASE("CUDA: CUDA_GRAPH_BATCH_SIZES pads to the next bucket and slices the outputs back",
+          "[stream][graphs][cuda]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  model_dir m(make_mlp());
+  ts_runner<torchloom::caller_stream> plain(m.spec(), gpu);
+  ts_runner<graphed<torchloom::caller_stream>> g(
+      m.spec().set("CUDA_GRAPH_BATCH_SIZES", "4,8"), gpu);
+  for (int round = 0; round < 3; ++round) {
+    for (std::int64_t batch = 1; batch <= 8; ++batch) {
+      const auto x = input(batch, round * 100 + static_cast<int>(batch));
+      const auto got = g.run({x})[0];
+      REQUIRE(got.size(0) == batch);
+      // Rows are independent: the real rows of the bucket's run. The eager run at the real
+      // batch may pick other GEMM kernels, so it is compared with a tolerance; the bucket's
+      // own eager run on the padded input bitwise.
+      const std::int64_t bucket = batch <= 4 ? 4 : 8;
+      const auto padded = torch::cat({x, torch::zeros({bucket - batch, 64}, x.options())});
+      CHECK(torch::allclose(got, plain.run({x})[0], 1e-5, 1e-5));
+      if (round > 0) {
+        CHECK(bitwise_equal(got, plain.run({padded})[0].narrow(0, 0, batch)));
+      }
+    }
+  }
+  const auto s = g.stream().stats();
+  CHECK(s.captures == 2);  // buckets 4 and 8, for eight batch sizes
+  CHECK(s.cached_graphs == 2);
+  // A batch above the largest bucket is a signature of its own, not padded.
+  for (int i = 0; i < 3; ++i) CHECK(g.run({input(9, i)})[0].size(0) == 9);
+  CHECK(g.stream().stats().captures == 3);
+}
+
+TEMPLATE_TEST_CASE("CUDA: graphed outputs read on the caller's stream right after run() are "
+                   "correct",
+                   "[stream][graphs][cuda]", torchloom::caller_stream, torchloom::pool_stream,
+                   torchloom::adaptive_stream) {
+  TORCHLOOM_REQUIRE_CUDA();
+  temp_dir t;
+  auto module = torchloom_test::make_linear(256, 256);
+  torchloom_test::write_triton_model(t / "linear", module);
+  const at::Tensor w = module.attr("w").toTensor().cuda();
+  const at::Tensor b = module.attr("b").toTensor().cuda();
+  ts_runner<graphed<TestType>> r(model_spec::from_directory(t / "linear"), gpu);
+  // The caller works on a side stream, with a long kernel queued before each input is
+  // written: a replay that did not wait for the caller would copy the input in early, and a
+  // caller that did not wait for the replay would read the outputs early.
+  const c10::Stream side = side_stream();
+  c10::StreamGuard guard(side);
+  const auto slow = torch::rand({2048, 2048}, torch::kCUDA);
+  int wrong = 0;
+  for (int i = 0; i < 300; ++i) {
+    auto busy = at::matmul(slow, slow);
+    const auto x = torch::full({64, 256}, static_cast<float>(i % 97) / 97.0f, torch::kCUDA) +
+                   busy.narrow(0, 0, 64).narrow(1, 0, 256) * 0;
+    const auto out = r.run({x})[0];
+    const auto expected = at::matmul(x, w.t()) + b;  // on the caller's stream too
+    if (!torch::allclose(out, expected, 1e-3, 1e-3)) ++wrong;
+  }
+  CHECK(wrong == 0);
+  CHECK(r.stream().stats().replays >= 290);
+}
+
+TEST_CASE("CUDA: a model that cannot be captured runs eagerly, with correct outputs",
+          "[stream][graphs][cuda]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  model_dir m(make_host_sync());
+  ts_runner<torchloom::caller_stream> plain(m.spec(), gpu);
+  ts_runner<graphed<torchloom::caller_stream>> g(m.spec(), gpu);
+  for (int i = 0; i < 6; ++i) {
+    CHECK(bitwise_equal(g.run({input(4, i)})[0], plain.run({input(4, i)})[0]));
+  }
+  const auto s = g.stream().stats();
+  CHECK(s.captures == 1);  // tried once, never again for this signature
+  CHECK(s.uncapturable == 1);
+  CHECK(s.replays == 0);
+  CHECK(s.eager_runs == 6);
+  CHECK(s.cached_graphs == 0);
+  // The runner, and CUDA, are fine afterwards.
+  CHECK(bitwise_equal(g.run({input(2, 7)})[0], plain.run({input(2, 7)})[0]));
+}
+
+TEST_CASE("CUDA: under torch's uncached allocator graphed runs eagerly, with correct outputs",
+          "[stream][graphs][cuda]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  model_dir m(make_mlp());
+  ts_runner<torchloom::caller_stream> plain(m.spec(), gpu);
+  // Read when the runner is made (torch itself read it at its start and keeps caching).
+  ::setenv("PYTORCH_NO_CUDA_MEMORY_CACHING", "1", 1);
+  ts_runner<graphed<torchloom::caller_stream>> g(m.spec(), gpu);
+  ::unsetenv("PYTORCH_NO_CUDA_MEMORY_CACHING");
+  for (int i = 0; i < 5; ++i) {
+    CHECK(bitwise_equal(g.run({input(4, i)})[0], plain.run({input(4, i)})[0]));
+  }
+  const auto s = g.stream().stats();
+  CHECK(s.uncapturable == 1);
+  CHECK(s.replays == 0);
+  CHECK(s.eager_runs == 5);
+}
+
+TEMPLATE_TEST_CASE("CUDA: concurrent callers of one graphed runner get their own results",
+                   "[stream][graphs][cuda][concurrency]", torchloom::caller_stream,
+                   torchloom::pool_stream) {
+  TORCHLOOM_REQUIRE_CUDA();
+  model_dir m(make_mlp());
+  ts_runner<torchloom::caller_stream> plain(m.spec(), gpu);
+  ts_runner<graphed<TestType>> g(m.spec(), gpu);
+  constexpr int threads = 4;
+  constexpr int runs = 200;
+  std::vector<at::Tensor> inputs;
+  std::vector<at::Tensor> expected;
+  for (int t = 0; t < threads; ++t) {
+    inputs.push_back(input(8, 1000 + t));
+    expected.push_back(plain.run({inputs.back()})[0]);
+  }
+  torch::cuda::synchronize();
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      // Each caller on a stream of its own, as a server's threads are.
+      c10::StreamGuard guard(side_stream());
+      for (int i = 0; i < runs; ++i) {
+        const auto out = g.run({inputs[static_cast<std::size_t>(t)]})[0];
+        if (!torch::equal(out, expected[static_cast<std::size_t>(t)])) ++wrong;
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  CHECK(wrong == 0);
+  const auto s = g.stream().stats();
+  CHECK(s.captures == 1);
+  CHECK(s.replays + s.eager_runs == threads * runs);
+}
+
+TEST_CASE("CUDA: graphed replays are bitwise the eager run, AOTInductor",
+          "[stream][graphs][cuda][aoti]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "mlp_cuda");
+#if TORCHLOOM_TORCH_VERSION >= 20600
+  using plain_t = torchloom::model_runner<torchloom::aoti_loader>;
+  using graphed_t = torchloom::model_runner<torchloom::aoti_loader, torchloom::no_hook,
+                                            graphed<torchloom::caller_stream>>;
+  plain_t plain(model_spec::from_directory(dir), gpu);
+  graphed_t g(model_spec::from_directory(dir), gpu);
+  for (const std::int64_t batch : {4, 8, 4}) {
+    for (int i = 0; i < 4; ++i) {
+      const auto x = input(batch, i);
+      CHECK(bitwise_equal(g.run_tensors({x})[0], plain.run_tensors({x})[0]));
+      CHECK(bitwise_equal(g.run({x})[0], plain.run({x})[0]));
+    }
+  }
+  const auto s = g.stream().stats();
+  CHECK(s.captures == 2);
+  CHECK(s.uncapturable == 0);
+  CHECK(s.replays > 0);
+#endif
+}
