@@ -6,6 +6,7 @@
 
 #include <c10/core/Device.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 namespace torchloom {
 
@@ -28,6 +30,9 @@ struct model_spec {
   std::optional<std::int64_t> version;      //!< the version picked in a Triton layout
   runner_options options;
   std::optional<triton_config> config;  //!< set when the directory has a config.pbtxt
+  //! config.pbtxt parameters whose keys the application reserved for itself (from_directory's
+  //! `host_keys`, e.g. a serving backend's policy choice): kept as text, not options.
+  std::map<std::string, std::string> host_parameters;
 
   //! A single model file; its directory is the file's directory.
   //! Throws model_not_found when the file does not exist.
@@ -47,10 +52,12 @@ struct model_spec {
 
   //! A Triton-layout model directory. Picks `version` if given, else the highest numeric
   //! version subdirectory. Reads config.pbtxt if present: its name, inputs, outputs, and its
-  //! `parameters`, which become options. Throws model_not_found (missing directory, no
-  //! version, missing version) or invalid_option (bad config or parameter).
+  //! `parameters`, which become options, except those whose key is in `host_keys`: they go to
+  //! host_parameters. Throws model_not_found (missing directory, no version, missing
+  //! version) or invalid_option (bad config or parameter).
   static model_spec from_directory(const std::filesystem::path& dir,
-                                   std::optional<std::int64_t> version = std::nullopt) {
+                                   std::optional<std::int64_t> version = std::nullopt,
+                                   const std::vector<std::string>& host_keys = {}) {
     namespace fs = std::filesystem;
     std::error_code ec;
     fs::path absolute = fs::absolute(dir).lexically_normal();
@@ -72,6 +79,10 @@ struct model_spec {
       }
       if (!s.config->name.empty()) s.name = s.config->name;
       for (const auto& [k, v] : s.config->parameters) {
+        if (std::find(host_keys.begin(), host_keys.end(), k) != host_keys.end()) {
+          s.host_parameters[k] = v;
+          continue;
+        }
         try {
           set_option(s.options, k, v, s.name);
         } catch (const error& e) {
