@@ -14,6 +14,7 @@
 #include <torchloom/model_runner.hpp>
 #include <torchloom/model_spec.hpp>
 #include <torchloom/options.hpp>
+#include <torchloom/policy_choice.hpp>
 #include <torchloom/residency/mapped.hpp>
 #include <torchloom/residency/resident.hpp>
 #include <torchloom/residency/shared.hpp>
