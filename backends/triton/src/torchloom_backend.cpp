@@ -63,6 +63,13 @@ TRITONSERVER_Error_Code triton_code(errc code) {
   }
 }
 
+// Whether `err` is success; deletes it otherwise (a failed optional lookup).
+bool succeeded(TRITONSERVER_Error* err) {
+  if (err == nullptr) return true;
+  TRITONSERVER_ErrorDelete(err);
+  return false;
+}
+
 TRITONSERVER_Error* to_triton(const error& e) {
   return TRITONSERVER_ErrorNew(triton_code(e.code()), e.what());
 }
@@ -227,6 +234,24 @@ class model_state : public tb::BackendModel {
                   detail::concat("no config.pbtxt in '", RepositoryPath(), "'"));
     }
     choice_ = choose_policies(spec_);
+    // Requests of a ragged batch differ in shape: they cannot be gathered into one tensor.
+    triton::common::TritonJson::Value inputs;
+    if (ModelConfig().Find("input", &inputs)) {
+      for (std::size_t i = 0; i < inputs.ArraySize(); ++i) {
+        triton::common::TritonJson::Value input;
+        bool ragged = false;
+        if (!succeeded(inputs.IndexAsObject(i, &input)) || !input.Find("allow_ragged_batch")) {
+          continue;
+        }
+        if (succeeded(input.MemberAsBool("allow_ragged_batch", &ragged)) && ragged) {
+          std::string input_name;
+          succeeded(input.MemberAsString("name", &input_name));
+          throw error(errc::unsupported, spec_.name,
+                      detail::concat("input '", input_name, "' sets allow_ragged_batch, which "
+                                     "the torchloom backend does not support"));
+        }
+      }
+    }
     const auto& cfg = *spec_.config;
     for (std::size_t i = 0; i < cfg.outputs.size(); ++i) {
       outputs_.push_back({cfg.outputs[i].name, index_suffix(cfg.outputs[i].name).value_or(i),
