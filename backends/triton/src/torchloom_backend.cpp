@@ -225,7 +225,8 @@ struct io_binding {
 //! failure here (a bad key, a bad policy name) leaves the model unavailable with the message.
 class model_state : public tb::BackendModel {
  public:
-  explicit model_state(TRITONBACKEND_Model* model) : tb::BackendModel(model) {
+  explicit model_state(TRITONBACKEND_Model* model)
+      : tb::BackendModel(model, /*allow_optional=*/true) {
     // The one place where Triton's model directory becomes a torchloom model_spec.
     spec_ = model_spec::from_directory(RepositoryPath(), static_cast<std::int64_t>(Version()),
                                        backend_keys);

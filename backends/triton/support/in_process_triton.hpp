@@ -137,10 +137,10 @@ class server {
     }
   }
 
+  //! Whether `model` is loaded and ready (false for a model Triton does not know).
   bool ready(const std::string& model) const {
     bool r = false;
-    check(TRITONSERVER_ServerModelIsReady(server_, model.c_str(), -1, &r), "ModelIsReady");
-    return r;
+    return !take(TRITONSERVER_ServerModelIsReady(server_, model.c_str(), -1, &r)) && r;
   }
 
   //! The model's entry in Triton's repository index ("state" and "reason"), as JSON text.

@@ -24,6 +24,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -185,13 +186,20 @@ repository& repo() {
   return r;
 }
 
+// Stopped at the end of main, before static destructors run: unloading a model runs its
+// hook's fini, which needs the op library's registry (a static of that library) intact.
+std::unique_ptr<tt::server> the_server;
+
 tt::server& triton() {
-  static tt::server s(tt::server_options{{repo().dir.path().string()},
-                                         TORCHLOOM_TRITON_BACKEND_DIR,
-                                         true,
-                                         {},
-                                         std::getenv("TORCHLOOM_TRITON_LOG") != nullptr});
-  return s;
+  if (!the_server) {
+    the_server = std::make_unique<tt::server>(
+        tt::server_options{{repo().dir.path().string()},
+                           TORCHLOOM_TRITON_BACKEND_DIR,
+                           true,
+                           {},
+                           std::getenv("TORCHLOOM_TRITON_LOG") != nullptr});
+  }
+  return *the_server;
 }
 
 // Loads `model` once; later calls find it loaded.
@@ -443,5 +451,7 @@ int main(int argc, char** argv) {
     return make_embed_model(argv[2], argv[3]);
   }
   self_path = fs::canonical("/proc/self/exe").string();
-  return Catch::Session().run(argc, argv);
+  const int rc = Catch::Session().run(argc, argv);
+  the_server.reset();
+  return rc;
 }
