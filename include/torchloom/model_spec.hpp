@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -86,6 +87,9 @@ struct model_spec {
   std::optional<std::int64_t> version;      //!< the version picked in a Triton layout
   runner_options options;
   std::optional<triton_config> config;  //!< set when the directory has a config.pbtxt
+  //! config.pbtxt parameters whose keys the application reserved for itself (from_directory's
+  //! `host_keys`, e.g. a serving backend's policy choice): kept as text, not options.
+  std::map<std::string, std::string> host_parameters;
 
   //! A single model file; its directory is the file's directory.
   //! Throws model_not_found when the file does not exist.
@@ -102,12 +106,14 @@ struct model_spec {
   //! A Triton-layout model directory. Picks `version` if given (0 or more), else the highest
   //! numeric version subdirectory (written without leading zeros, as Triton names them).
   //! Reads config.pbtxt if present (see read_triton_config): its name, inputs, outputs,
-  //! instance_group, model_warmup and its `parameters`, which become options. Throws
+  //! instance_group, model_warmup and its `parameters`, which become options, except those
+  //! whose key is in `host_keys` (an application's own keys): they go to host_parameters. Throws
   //! model_not_found (missing directory, no version, missing version), invalid_option (a bad
   //! config or parameter; a directory that cannot be read, with the system's reason),
   //! unsupported (a config for another backend; a key of Triton's Python runtime).
   static model_spec from_directory(const std::filesystem::path& dir,
-                                   std::optional<std::int64_t> version = std::nullopt) {
+                                   std::optional<std::int64_t> version = std::nullopt,
+                                   const std::vector<std::string>& host_keys = {}) {
     namespace fs = std::filesystem;
     std::error_code ec;
     fs::path absolute = fs::absolute(dir, ec).lexically_normal();
@@ -132,6 +138,10 @@ struct model_spec {
       }
       if (!s.config->name.empty()) s.name = s.config->name;
       for (const auto& [k, v] : s.config->parameters) {
+        if (std::find(host_keys.begin(), host_keys.end(), k) != host_keys.end()) {
+          s.host_parameters[k] = v;
+          continue;
+        }
         try {
           set_option(s.options, k, v, s.name);
         } catch (const error& e) {

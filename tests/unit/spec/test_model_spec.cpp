@@ -106,6 +106,24 @@ parameters: { key: "WARMUP_ITERATIONS" value: { string_value: "many" } }
                         (t / "m" / "config.pbtxt").string() + ":");
 }
 
+TEST_CASE("parameters the application reserves are kept as text, not parsed as options",
+          "[spec]") {
+  temp_dir t;
+  std::filesystem::create_directories(t / "m" / "1");
+  torchloom_test::write_file(t / "m" / "config.pbtxt", R"(
+parameters: { key: "SERVING_POLICY" value: { string_value: "pool" } }
+parameters: { key: "INTRA_OP_THREAD_COUNT" value: { string_value: "2" } }
+)");
+  // Without reserving it, the key is unknown.
+  CHECK_TORCHLOOM_ERROR(model_spec::from_directory(t / "m"), errc::invalid_option,
+                        "SERVING_POLICY");
+  const auto s = model_spec::from_directory(t / "m", std::nullopt, {"SERVING_POLICY"});
+  REQUIRE(s.host_parameters.count("SERVING_POLICY") == 1);
+  CHECK(s.host_parameters.at("SERVING_POLICY") == "pool");
+  CHECK(s.host_parameters.count("INTRA_OP_THREAD_COUNT") == 0);
+  CHECK(s.options.intra_op_thread_count == 2);
+}
+
 TEST_CASE("set() overrides the config's options and checks keys", "[spec]") {
   temp_dir t;
   std::filesystem::create_directories(t / "m" / "1");
