@@ -20,7 +20,9 @@
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 
+#include <exception>
 #include <optional>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -86,13 +88,7 @@ class model_runner {
   //! Loads `spec` on `device` (CPU by default). Throws torchloom::error: invalid_option,
   //! model_not_found, hook_failed, load_failed, unsupported (e.g. a CUDA device without CUDA).
   explicit model_runner(model_spec spec, c10::Device device = c10::Device(c10::kCPU))
-      : core_(std::move(spec), device),
-        hook_(core_.context()),
-        stream_(core_.context()),
-        weights_(loader_, core_.load(Loader::default_filename)) {
-    core_.set_signature(loader_.signature(weights_.model()));
-    core_.warm_up([this](std::vector<c10::IValue> in) { run_ivalue(std::move(in)); });
-  }
+      : model_runner(construct_tag{}, std::string(spec.name), std::move(spec), device) {}
 
   model_runner(const model_runner&) = delete;
   model_runner& operator=(const model_runner&) = delete;
@@ -169,6 +165,24 @@ class model_runner {
   }
 
  private:
+  struct construct_tag {};
+  // Every step's own errors are torchloom::error already; anything else that escapes a
+  // policy or torch (a c10::Error, std::bad_alloc) becomes load_failed naming the model.
+  // The members built so far are destroyed before the handler runs.
+  model_runner(construct_tag, std::string name, model_spec&& spec, c10::Device device) try
+      : core_(std::move(spec), device),
+        hook_(core_.context()),
+        stream_(core_.context()),
+        weights_(loader_, core_.load(Loader::default_filename)) {
+    core_.set_signature(loader_.signature(weights_.model()));
+    core_.warm_up([this](std::vector<c10::IValue> in) { run_ivalue(std::move(in)); });
+  } catch (const error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw error(errc::load_failed, name,
+                detail::concat("construction failed: ", detail::torch_message(e)));
+  }
+
   // Runs `f` under InferenceMode (or no-grad) and the after-run work; torch's exceptions
   // become run_failed.
   template <class F>

@@ -2,6 +2,7 @@
 #include <torchloom/concepts/loader.hpp>
 #include <torchloom/detail/process_settings.hpp>
 #include <torchloom/detail/strings.hpp>
+#include <torchloom/detail/tensor_storage.hpp>
 #include <torchloom/detail/torch_error.hpp>
 #include <torchloom/error.hpp>
 
@@ -9,6 +10,7 @@
 #include <torch/script.h>
 
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -41,8 +43,9 @@ struct torchscript_loader {
                           flag(o.enable_jit_profiling));
   }
 
-  //! Throws model_not_found (no file), load_failed (not a TorchScript file, or torch failed
-  //! to load it; torch's message is kept), invalid_option (conflicting process settings).
+  //! Throws model_not_found (no file), load_failed (not a TorchScript file, torch failed to
+  //! load it (torch's message is kept), or a tensor needs more bytes than its record holds),
+  //! invalid_option (conflicting process settings).
   model_type load(const load_context& ctx) const {
     const auto& name = ctx.spec.name;
     const auto& opts = ctx.spec.options;
@@ -56,13 +59,21 @@ struct torchscript_loader {
       const bool v = *opts.enable_jit_executor;
       m.settings.push_back(detail::setting_claim::make(
           "ENABLE_JIT_EXECUTOR", v ? "true" : "false", name,
-          [v] { torch::jit::getExecutorMode() = v; }));
+          [v]() -> std::function<void()> {
+            const bool before = torch::jit::getExecutorMode();
+            torch::jit::getExecutorMode() = v;
+            return [before] { torch::jit::getExecutorMode() = before; };
+          }));
     }
     if (opts.enable_jit_profiling) {
       const bool v = *opts.enable_jit_profiling;
       m.settings.push_back(detail::setting_claim::make(
           "ENABLE_JIT_PROFILING", v ? "true" : "false", name,
-          [v] { torch::jit::getProfilingMode() = v; }));
+          [v]() -> std::function<void()> {
+            const bool before = torch::jit::getProfilingMode();
+            torch::jit::getProfilingMode() = v;
+            return [before] { torch::jit::getProfilingMode() = before; };
+          }));
     }
     try {
       m.module = torch::jit::load(ctx.file.string(), ctx.device);
@@ -71,6 +82,8 @@ struct torchscript_loader {
                   detail::concat("cannot load TorchScript file '", ctx.file.string(),
                                  "': ", detail::torch_message(e)));
     }
+    // Before anything runs: a tensor that spans more than its record would be read past.
+    detail::check_module_storages(name, ctx.file.string(), m.module);
     if (!m.module.find_method("forward")) {
       throw error(errc::load_failed, name,
                   detail::concat("'", ctx.file.string(), "' has no forward method"));
