@@ -13,7 +13,7 @@ targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(pbtxt aoti_metadata options)
 
 # clang and its libFuzzer runtime (Debian 12: clang-14 and libclang-rt-14-dev).
-if ! command -v clang++ >/dev/null || ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1; then
+if ! command -v clang++ >/dev/null || [ ! -x /usr/bin/time ] || ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
   $sudo apt-get update -qq
   $sudo apt-get install -y -qq clang libclang-rt-14-dev
@@ -35,12 +35,16 @@ for t in "${targets[@]}"; do
   log="$build/fuzz_$t.log"
   if ASAN_OPTIONS="detect_leaks=1:allocator_may_return_null=1" \
      UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
+     /usr/bin/time -f "%U %S" -o "$build/fuzz_$t.cpu" \
      "$build/tests/fuzz/fuzz_$t" "$corpus" "tests/fuzz/corpus/$t" \
        -dict="tests/fuzz/dict/$t.dict" -max_total_time="$seconds" -max_len=4096 \
        -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
        -artifact_prefix="$build/findings/$t-" >"$log" 2>&1; then
     runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo 0)
-    echo "fuzz_$t: no finding; $runs inputs in ${seconds} s ($((runs / seconds)) per second)"
+    cpu=$(awk '{printf "%d", $1 + $2 + 0.5}' "$build/fuzz_$t.cpu")
+    [ "$cpu" -gt 0 ] || cpu=1
+    echo "fuzz_$t: no finding; $runs inputs in ${seconds} s: $((runs / seconds)) per second" \
+      "($((runs / cpu)) per CPU second: $cpu s of CPU time)"
   else
     status=1
     tail -n 60 "$log"

@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -75,15 +76,26 @@ struct torchscript_loader {
             return [before] { torch::jit::getProfilingMode() = before; };
           }));
     }
+    std::shared_ptr<detail::recording_reader> reader;
     try {
-      m.module = torch::jit::load(ctx.file.string(), ctx.device);
+      // A zip archive goes through a reader that notes what it read, for the storage
+      // check below; anything else (a flatbuffer module) is torch's to recognise.
+      reader = std::make_shared<detail::recording_reader>(ctx.file.string());
+      char magic[2] = {};
+      if (reader->size() >= 2 && reader->read(0, magic, 2, "magic") == 2 && magic[0] == 'P' &&
+          magic[1] == 'K') {
+        m.module = torch::jit::load(reader, ctx.device);
+      } else {
+        reader.reset();
+        m.module = torch::jit::load(ctx.file.string(), ctx.device);
+      }
     } catch (const std::exception& e) {
       throw error(errc::load_failed, name,
                   detail::concat("cannot load TorchScript file '", ctx.file.string(),
                                  "': ", detail::torch_message(e)));
     }
     // Before anything runs: a tensor that spans more than its record would be read past.
-    detail::check_module_storages(name, ctx.file.string(), m.module);
+    if (reader) detail::check_module_storages(name, ctx.file.string(), m.module, *reader);
     if (!m.module.find_method("forward")) {
       throw error(errc::load_failed, name,
                   detail::concat("'", ctx.file.string(), "' has no forward method"));

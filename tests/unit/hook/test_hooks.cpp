@@ -601,7 +601,7 @@ process_usage current_usage() {
 
 TEST_CASE("Soak: 1,000 construct/destroy cycles leave memory, descriptors and libraries as "
           "they were",
-          "[.soak]") {
+          "[.][soak]") {
   temp_dir linear_dir;
   auto linear = torchloom_test::make_linear(8, 4);
   torchloom_test::write_triton_model(linear_dir / "linear", linear);
