@@ -642,9 +642,10 @@ TEST_CASE("Soak: 1,000 construct/destroy cycles leave memory, descriptors and li
   const auto half = current_usage();
   for (int i = 500; i < 1000; ++i) cycle(i);
   const auto after = current_usage();
-  INFO("RSS KiB: " << before.rss_kib << " -> " << half.rss_kib << " -> " << after.rss_kib
+  WARN("RSS KiB: " << before.rss_kib << " -> " << half.rss_kib << " -> " << after.rss_kib
                    << "; fds " << before.fds << " -> " << after.fds << "; mappings "
-                   << before.mappings << " -> " << after.mappings);
+                   << before.mappings << " -> " << after.mappings << "; libraries "
+                   << before.libraries.size() << " -> " << after.libraries.size());
   CHECK(after.fds == before.fds);
   CHECK(after.libraries == before.libraries);
   CHECK_FALSE(is_loaded(hooked.path() / so("tl_test_hook")));
