@@ -64,7 +64,7 @@ def forward(self, x):
 def forward(self, x):
     y = x
     for _ in range(self.repeat):
-        y = self.inner(y) * self.scale
+        y = self.inner.forward(y) * self.scale
     return y + self.extra[0] - self.extra[1]
 )");
   return m;
