@@ -110,7 +110,9 @@ inline void check_tensor_storage(const std::string& model, const std::string& fi
                                  const std::string& what, const at::Tensor& t,
                                  const recording_reader& reader) {
   if (!t.defined() || t.layout() != c10::kStrided || !t.has_storage() || !t.is_cpu()) return;
-  const auto held = reader.bytes_read_into(t.storage().data());
+  // An empty record gives a null buffer that nothing was read into.
+  const auto held = t.storage().data() == nullptr ? std::optional<std::size_t>(0)
+                                                  : reader.bytes_read_into(t.storage().data());
   if (!held) return;
   std::int64_t needed = strided_bytes_needed(t);
   if (needed >= 0 && static_cast<std::uint64_t>(needed) < t.storage().nbytes()) {
