@@ -1,4 +1,5 @@
 #pragma once
+#include <torchloom/detail/elf_dependencies.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
 
@@ -22,7 +23,13 @@
 //    the application allowed with allow_library_directory();
 //  - neither the file nor any directory above it is writable by group or others (a sticky
 //    directory such as /tmp is fine: others cannot replace what they do not own);
-//  - the file and those directories belong to root or to this process's user.
+//  - the file and those directories belong to root or to this process's user;
+//  - every library it needs (DT_NEEDED, found as the dynamic linker would find it: RPATH,
+//    LD_LIBRARY_PATH, RUNPATH with $ORIGIN expanded) that is not already loaded and not left
+//    to the system's library configuration passes the same checks, where the system's
+//    library directories (/lib, /lib64, /usr/lib, /usr/lib64, /usr/local/lib) count as
+//    allowed; and every directory searched before the one it is found in is not writable by
+//    group or others either (a library dropped there later would be loaded instead).
 // A model's configuration cannot widen this: only the application can.
 
 namespace torchloom {
@@ -69,6 +76,45 @@ inline std::string untrusted_because(const std::string& path, bool is_directory)
                   "), so someone else could replace the code torchloom would run");
   }
   return {};
+}
+
+// Why the file `real` (a real path) or a directory above it may not be trusted, or "".
+inline std::string untrusted_file(const std::string& real) {
+  std::string why = untrusted_because(real, false);
+  for (std::filesystem::path dir = std::filesystem::path(real).parent_path(); why.empty();
+       dir = dir.parent_path()) {
+    why = untrusted_because(dir.string(), true);
+    if (dir == dir.root_path()) break;
+  }
+  return why;
+}
+
+// A directory the dynamic linker searches: it, or the nearest part of it that exists, and
+// every directory above must not be writable by group or others.
+inline std::string untrusted_search_directory(const std::string& dir) {
+  std::filesystem::path p(dir);
+  std::string real;
+  while (real.empty() && !p.empty()) {
+    real = real_path(p.string());
+    if (real.empty()) p = p.has_relative_path() ? p.parent_path() : std::filesystem::path();
+  }
+  if (real.empty()) return {};
+  std::string why = untrusted_because(real, true);
+  for (std::filesystem::path d = std::filesystem::path(real); why.empty() && d != d.root_path();) {
+    d = d.parent_path();
+    why = untrusted_because(d.string(), true);
+  }
+  return why.empty() ? why : concat("the library search directory '", dir, "': ", why);
+}
+
+// The system's own library directories (real paths): only root changes what is in them.
+inline bool is_system_library(const std::string& real) {
+  for (const char* dir : {"/lib", "/lib32", "/lib64", "/usr/lib", "/usr/lib32", "/usr/lib64",
+                          "/usr/local/lib"}) {
+    const std::string d = real_path(dir);
+    if (!d.empty() && path_is_within(real, d)) return true;
+  }
+  return false;
 }
 }  // namespace detail
 
@@ -137,13 +183,33 @@ inline std::string trusted_library_path(const std::string& model, std::string_vi
                         "(torchloom::allow_library_directory); refusing to load code from there"));
   }
 
-  std::string why = untrusted_because(real, false);
-  for (std::filesystem::path dir = std::filesystem::path(real).parent_path(); why.empty();
-       dir = dir.parent_path()) {
-    why = untrusted_because(dir.string(), true);
-    if (dir == dir.root_path()) break;
+  if (const auto why = untrusted_file(real); !why.empty()) {
+    throw refuse(concat("refusing to load it: ", why));
   }
-  if (!why.empty()) throw refuse(concat("refusing to load it: ", why));
+  const auto why = check_elf_dependencies(real, [&](const elf_dependency& dep) -> std::string {
+    const auto refusal = [&](const std::string& reason) {
+      return concat("refusing to load it: it needs '", dep.needed, "' (needed by '",
+                    dep.needed_by, "'), which the dynamic linker would load from '", dep.path,
+                    "', but ", reason);
+    };
+    for (const auto& dir : dep.searched) {
+      if (auto w = untrusted_search_directory(dir); !w.empty()) return refusal(w);
+    }
+    const bool allowed =
+        is_system_library(dep.path) || (!model_dir.empty() && path_is_within(dep.path, model_dir));
+    bool in_allowed = allowed;
+    for (const auto& dir : allowed_library_directories()) {
+      in_allowed = in_allowed || path_is_within(dep.path, dir);
+    }
+    if (!in_allowed) {
+      return refusal(concat("that is outside the model directory '", model_dir,
+                            "', the system's library directories and every directory the "
+                            "application allowed (torchloom::allow_library_directory)"));
+    }
+    if (auto w = untrusted_file(dep.path); !w.empty()) return refusal(w);
+    return {};
+  });
+  if (!why.empty()) throw refuse(why);
   return real;
 }
 

@@ -20,6 +20,7 @@
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 
+#include <exception>
 #include <map>
 #include <optional>
 #include <string>
@@ -96,12 +97,14 @@ class model_runner {
   //! instance_group or with KIND_AUTO). Throws torchloom::error: invalid_option (among them an
   //! option that none of the runner's policies reads), model_not_found, hook_failed,
   //! load_failed, unsupported (e.g. a CUDA device without CUDA).
-  explicit model_runner(model_spec spec) : model_runner(std::move(spec), std::nullopt, 0) {}
+  explicit model_runner(model_spec spec)
+      : model_runner(construct_tag{}, std::string(spec.name), std::move(spec), std::nullopt) {}
 
   //! Loads `spec` on `device`, which must agree with config.pbtxt's instance_group where
   //! there is one (invalid_option naming both otherwise). Throws as above.
   model_runner(model_spec spec, c10::Device device)
-      : model_runner(std::move(spec), std::optional<c10::Device>(device), 0) {}
+      : model_runner(construct_tag{}, std::string(spec.name), std::move(spec),
+                     std::optional<c10::Device>(device)) {}
 
   model_runner(const model_runner&) = delete;
   model_runner& operator=(const model_runner&) = delete;
@@ -268,7 +271,12 @@ class model_runner {
     return named;
   }
 
-  model_runner(model_spec spec, std::optional<c10::Device> device, int /*delegated*/)
+  struct construct_tag {};
+  // Every step's own errors are torchloom::error already; anything else that escapes a
+  // policy or torch (a c10::Error, std::bad_alloc) becomes load_failed naming the model.
+  // The members built so far are destroyed before the handler runs.
+  model_runner(construct_tag, std::string name, model_spec&& spec,
+               std::optional<c10::Device> device) try
       : core_(checked_spec(std::move(spec)), device),
         hook_(core_.context()),
         stream_(core_.context()),
@@ -278,6 +286,11 @@ class model_runner {
     }
     core_.set_signature(loader_.signature(weights_.model()));
     core_.warm_up([this](std::vector<c10::IValue> in) { run_ivalue(std::move(in)); });
+  } catch (const error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw error(errc::load_failed, name,
+                detail::concat("construction failed: ", detail::torch_message(e)));
   }
 
   // Options that only some policy reads must meet a policy of this runner that reads them:

@@ -4,7 +4,8 @@
  *   TL_HOOK_TRITON=1|2     Triton's ABI, released by triton_pytorch_model_fini (1) or
  *                          triton_pytorch_model_release (2)
  *   TL_HOOK_ABI_VERSION=N  reports another ABI version
- *   TL_HOOK_NO_FINI        exports no fini */
+ *   TL_HOOK_NO_FINI        exports no fini
+ *   TL_HOOK_WITH_DEP       needs libtl_test_dep.so (DT_NEEDED), found through its RUNPATH */
 #include <torchloom/model_init.h>
 
 #include "tl_test_tables.h"
@@ -24,6 +25,10 @@ static hook_state* make_state(const char* directory) {
   if (s) snprintf(s->directory, sizeof s->directory, "%s", directory);
   return s;
 }
+
+#ifdef TL_HOOK_WITH_DEP
+int tl_test_dep_value(void);
+#endif
 
 #ifndef TL_HOOK_NO_FINI
 static void release(void* handle) {
@@ -45,6 +50,9 @@ TORCHLOOM_MODEL_INIT_EXPORT unsigned torchloom_model_init_abi_version(void) {
 TORCHLOOM_MODEL_INIT_EXPORT int torchloom_model_init(const torchloom_model_init_args* args,
                                                      void** handle, char* error,
                                                      size_t error_size) {
+#ifdef TL_HOOK_WITH_DEP
+  if (tl_test_dep_value() != 42) return 1;
+#endif
   if (tl_test_load_tables(args->model_directory, args->device_index, error, error_size) != 0) {
     return 1;
   }

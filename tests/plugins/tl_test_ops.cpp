@@ -6,6 +6,8 @@
 //   1  another TORCH_LIBRARY(tl_test): the namespace is taken
 //   2  a TORCH_LIBRARY_FRAGMENT(tl_test) defining lookup again: the operator is taken
 //   3  a TORCH_LIBRARY_FRAGMENT(tl_test) adding a new operator to a namespace that is taken
+//   4  only a kernel (Meta) for tl_test::lookup, an operator another library defines
+//   5  a CPU kernel for aten::relu that replaces torch's (torch itself only warns)
 #include "tl_test_tables.h"
 
 #include <ATen/ATen.h>
@@ -49,6 +51,9 @@ registry& tables() {
 }
 
 [[maybe_unused]] at::Tensor other(const at::Tensor& x) { return x; }
+
+// Returns its input unchanged: a model whose relu ran it would compute something else.
+[[maybe_unused]] at::Tensor not_relu(const at::Tensor& x) { return x.clone(); }
 
 }  // namespace
 
@@ -98,6 +103,10 @@ TORCH_LIBRARY_IMPL(tl_test, CUDA, m) { m.impl("lookup", &lookup); }
 TORCH_LIBRARY(tl_test, m) { m.def("lookup(Tensor keys, int layer) -> Tensor", &lookup); }
 #elif TL_TEST_OPS_VARIANT == 2
 TORCH_LIBRARY_FRAGMENT(tl_test, m) { m.def("lookup(Tensor keys, int layer) -> Tensor", &lookup); }
-#else
+#elif TL_TEST_OPS_VARIANT == 3
 TORCH_LIBRARY_FRAGMENT(tl_test, m) { m.def("other(Tensor x) -> Tensor", &other); }
+#elif TL_TEST_OPS_VARIANT == 4
+TORCH_LIBRARY_IMPL(tl_test, Meta, m) { m.impl("lookup", &lookup); }
+#else
+TORCH_LIBRARY_IMPL(aten, CPU, m) { m.impl("relu", &not_relu); }
 #endif

@@ -98,7 +98,9 @@ inline void check_inputs(const std::string& model, const input_signature& sig,
     const auto& spec = sig[i];
     const auto& v = inputs[i];
     if (!spec.is_tensor) {
-      if (spec.type && !v.isNone() && !v.type()->isSubtypeOf(*spec.type)) {
+      // None only where the schema accepts it (Optional[...]): a None for an `int` would
+      // fail inside the model as run_failed, far from the input that caused it.
+      if (spec.type && !v.type()->isSubtypeOf(*spec.type)) {
         throw error(errc::bad_input, model,
                     concat(input_label(sig, i), " must be ", spec.type->str(), ", got ",
                            describe_ivalue(v)));

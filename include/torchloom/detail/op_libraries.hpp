@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -72,6 +73,17 @@ inline std::set<std::string> registered_op_names() {
   return names;
 }
 
+// Every registered operator with what the dispatcher holds for it (its kernels per dispatch
+// key, with where each was registered): a change shows a kernel added or replaced.
+inline std::map<std::string, std::string> op_states() {
+  std::map<std::string, std::string> states;
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const auto& n : dispatcher.getAllOpNames()) {
+    if (const auto handle = dispatcher.findOp(n)) states.emplace(op_name(n), handle->dumpState());
+  }
+  return states;
+}
+
 inline std::string_view op_namespace(std::string_view op) {
   const auto pos = op.find("::");
   return pos == std::string_view::npos ? std::string_view() : op.substr(0, pos);
@@ -96,6 +108,7 @@ struct op_library_probe {
   enum class outcome { registered, dlopen_failed, torch_refused, crashed };
   outcome result = outcome::crashed;
   std::vector<std::string> ops;  // registered: the operators it adds
+  std::vector<std::string> changed;  // registered: operators it did not add whose kernels changed
   std::string message;           // otherwise: dlerror(), torch's message, or what happened
 };
 
@@ -116,8 +129,7 @@ inline int& probe_fd() {
   return fd;
 }
 
-[[noreturn]] inline void probe_child(int fd, const std::string& path,
-                                     const std::set<std::string>& before) {
+[[noreturn]] inline void probe_child(int fd, const std::string& path) {
   probe_fd() = fd;
   // torch throws from the library's static initialisers; that ends in std::terminate, or
   // unwinds out of dlopen, depending on how the library was built. Report it either way.
@@ -137,13 +149,20 @@ inline int& probe_fd() {
   });
   std::string report;
   try {
+    const auto before = op_states();
     if (::dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
       const char* why = ::dlerror();
       report = concat("E", why ? why : "dlopen failed");
     } else {
+      // New operators one per line; '~' marks one that existed and whose kernels changed.
       report = "O";
-      for (const auto& op : registered_op_names()) {
-        if (before.count(op) == 0) report.append(op).push_back('\n');
+      for (const auto& [op, state] : op_states()) {
+        const auto it = before.find(op);
+        if (it == before.end()) {
+          report.append(op).push_back('\n');
+        } else if (it->second != state) {
+          report.append("~").append(op).push_back('\n');
+        }
       }
     }
   } catch (const std::exception& e) {
@@ -160,7 +179,6 @@ inline int& probe_fd() {
 inline op_library_probe probe_op_library(const std::string& path,
                                          std::chrono::milliseconds timeout) {
   op_library_probe probe;
-  const std::set<std::string> before = registered_op_names();
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) {
     probe.message = concat("cannot create a pipe: ", std::strerror(errno));
@@ -177,7 +195,7 @@ inline op_library_probe probe_op_library(const std::string& path,
   }
   if (pid == 0) {
     ::close(fds[0]);
-    probe_child(fds[1], path, before);
+    probe_child(fds[1], path);
   }
   ::close(fds[1]);
 
@@ -239,7 +257,14 @@ inline op_library_probe probe_op_library(const std::string& path,
   report.erase(0, 1);
   if (kind == 'O') {
     probe.result = op_library_probe::outcome::registered;
-    probe.ops = split(report, '\n');
+    for (auto& op : split(report, '\n')) {
+      if (op.empty()) continue;
+      if (op.front() == '~') {
+        probe.changed.push_back(op.substr(1));
+      } else {
+        probe.ops.push_back(std::move(op));
+      }
+    }
   } else if (kind == 'E') {
     probe.result = op_library_probe::outcome::dlopen_failed;
     probe.message = report;
@@ -346,6 +371,18 @@ inline void load_op_libraries(const std::string& model,
         throw fail(errc::load_failed,
                    concat("torch refused its registrations: ", first_line(probe.message)));
       }
+    }
+    // torch only warns when a library adds a kernel to an operator it did not define, or
+    // replaces one (TORCH_LIBRARY_IMPL(aten, CPU, m) { m.impl("relu", ...) }): that changes
+    // what every model in the process computes, so it is refused like a second definition.
+    if (!probe.changed.empty()) {
+      const auto& op = probe.changed.front();
+      std::string all;
+      for (const auto& o : probe.changed) all.append(all.empty() ? "" : ", ").append(o);
+      throw fail(errc::op_library_conflict,
+                 concat("it adds or replaces a kernel of operator ", op, ", which ",
+                        owner_of(op, {}), " registers; an op library may register kernels "
+                        "only for the operators it defines (operators it changes: ", all, ")"));
     }
     // torch allows a TORCH_LIBRARY_FRAGMENT to add to a namespace; two libraries sharing a
     // namespace is still a conflict here: neither owns it.

@@ -4,6 +4,7 @@
 #include <torchloom/error.hpp>
 
 #include <atomic>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -26,6 +27,7 @@ struct setting_registry {
     std::string value;
     std::string owner;
     int holders = 0;
+    std::function<void()> undo;  // puts back what was in force before the first holder
   };
   std::mutex mutex;
   std::map<std::string, entry> entries;
@@ -46,8 +48,9 @@ inline void on_setting_conflict(setting_conflict policy) noexcept {
 
 namespace detail {
 
-//! A runner's hold on one process-wide setting; released when the runner goes. While any
-//! runner holds a setting, another value for it is a conflict.
+//! A runner's hold on one process-wide setting; released when the runner goes (or when its
+//! construction fails). While any runner holds a setting, another value for it is a conflict;
+//! when the last holder lets go, the value that was in force before the first one returns.
 class setting_claim {
  public:
   setting_claim() = default;
@@ -61,9 +64,10 @@ class setting_claim {
   }
   ~setting_claim() { release(); }
 
-  //! Claims `key` = `value` for `model`; calls `apply` when this value is not yet in force.
-  //! Throws invalid_option on a conflict (unless the policy is warn), and wraps what `apply`
-  //! throws.
+  //! Claims `key` = `value` for `model`; calls `apply` when no runner holds the key yet.
+  //! `apply` sets the value and returns what undoes it (an empty function where torch cannot
+  //! undo it). Throws invalid_option on a conflict (unless the policy is warn), and wraps
+  //! what `apply` throws.
   template <class Apply>
   static setting_claim make(const std::string& key, const std::string& value,
                             const std::string& model, Apply&& apply) {
@@ -83,7 +87,7 @@ class setting_claim {
     }
     if (e.holders == 0) {  // torch may have been changed since: always apply
       try {
-        apply();
+        e.undo = apply();
       } catch (const error&) {
         throw;
       } catch (const std::exception& ex) {
@@ -104,8 +108,17 @@ class setting_claim {
     if (key_.empty()) return;
     auto& reg = setting_registry::instance();
     std::lock_guard lock(reg.mutex);
-    --reg.entries[key_].holders;
+    auto& e = reg.entries[key_];
     key_.clear();
+    if (--e.holders > 0) return;
+    auto undo = std::exchange(e.undo, {});
+    if (!undo) return;
+    try {
+      undo();
+    } catch (const std::exception& ex) {
+      std::clog << "torchloom: warning: cannot restore a process-wide torch setting: "
+                << torch_message(ex) << '\n';
+    }
   }
 
   std::string key_;

@@ -6,6 +6,7 @@
 #include <torchloom/detail/op_libraries.hpp>
 #include <torchloom/detail/process_settings.hpp>
 #include <torchloom/detail/strings.hpp>
+#include <torchloom/detail/torch_error.hpp>
 #include <torchloom/error.hpp>
 #include <torchloom/model_spec.hpp>
 #include <torchloom/signature.hpp>
@@ -23,7 +24,9 @@
 
 #include <charconv>
 #include <cstdint>
+#include <exception>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -45,25 +48,34 @@ class runner_core {
     // 0 or less: torch's default, as in Triton's PyTorch backend.
     if (o.intra_op_thread_count && *o.intra_op_thread_count > 0) {
       const int n = *o.intra_op_thread_count;
-      settings_.push_back(setting_claim::make("INTRA_OP_THREAD_COUNT", std::to_string(n),
-                                              spec_.name, [n] { at::set_num_threads(n); }));
+      settings_.push_back(setting_claim::make(
+          "INTRA_OP_THREAD_COUNT", std::to_string(n), spec_.name, [n]() -> std::function<void()> {
+            const int before = at::get_num_threads();
+            at::set_num_threads(n);
+            return [before] { at::set_num_threads(before); };
+          }));
     }
     if (o.inter_op_thread_count && *o.inter_op_thread_count > 0) {
       const int n = *o.inter_op_thread_count;
       settings_.push_back(setting_claim::make(
-          "INTER_OP_THREAD_COUNT", std::to_string(n), spec_.name, [n] {
-            // torch allows this once, before its inter-op pool starts.
-            // (size_t in torch 2.x, int in 1.13)
+          "INTER_OP_THREAD_COUNT", std::to_string(n), spec_.name, [n]() -> std::function<void()> {
+            // torch allows this once, before its inter-op pool starts, so it cannot be
+            // undone. (size_t in torch 2.x, int in 1.13)
             if (static_cast<int>(at::get_num_interop_threads()) != n) {
               at::set_num_interop_threads(n);
             }
+            return {};
           }));
     }
     if (o.disable_cudnn) {
       const bool off = *o.disable_cudnn;
       settings_.push_back(
           setting_claim::make("DISABLE_CUDNN", off ? "true" : "false", spec_.name,
-                              [off] { at::globalContext().setUserEnabledCuDNN(!off); }));
+                              [off]() -> std::function<void()> {
+                                const bool before = at::globalContext().userEnabledCuDNN();
+                                at::globalContext().setUserEnabledCuDNN(!off);
+                                return [before] { at::globalContext().setUserEnabledCuDNN(before); };
+                              }));
     }
     if (o.enable_cache_cleaning && device_.is_cuda() && !TORCHLOOM_HAS_CUDA) {
       throw error(errc::unsupported, spec_.name,
@@ -217,8 +229,15 @@ class runner_core {
         std::vector<std::int64_t> shape = *s.shape;
         for (auto& d : shape) d = d < 0 ? 1 : d;
         auto opts = at::TensorOptions().dtype(*s.dtype).device(device_);
-        inputs.emplace_back(c10::isFloatingType(*s.dtype) ? at::rand(shape, opts)
-                                                          : at::zeros(shape, opts));
+        try {
+          inputs.emplace_back(c10::isFloatingType(*s.dtype) ? at::rand(shape, opts)
+                                                            : at::zeros(shape, opts));
+        } catch (const std::exception& e) {  // c10::Error, std::bad_alloc: dims too large
+          throw error(errc::invalid_option, spec_.name,
+                      concat("WARMUP_ITERATIONS=", n, ": cannot make input '", s.name,
+                             "' of the declared shape ", c10::IntArrayRef(shape), ": ",
+                             torch_message(e)));
+        }
       }
       for (int i = 0; i < n; ++i) run(inputs);
     }

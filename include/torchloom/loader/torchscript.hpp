@@ -2,6 +2,7 @@
 #include <torchloom/concepts/loader.hpp>
 #include <torchloom/detail/process_settings.hpp>
 #include <torchloom/detail/strings.hpp>
+#include <torchloom/detail/tensor_storage.hpp>
 #include <torchloom/detail/torch_error.hpp>
 #include <torchloom/error.hpp>
 
@@ -16,6 +17,8 @@
 #include <torch/script.h>
 
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -50,8 +53,9 @@ struct torchscript_loader {
                           flag(o.enable_tensor_fuser), " nvfuser=", flag(o.enable_nvfuser));
   }
 
-  //! Throws model_not_found (no file), load_failed (not a TorchScript file, or torch failed
-  //! to load it; torch's message is kept), invalid_option (conflicting process settings).
+  //! Throws model_not_found (no file), load_failed (not a TorchScript file, torch failed to
+  //! load it (torch's message is kept), or a tensor needs more bytes than its record holds),
+  //! invalid_option (conflicting process settings).
   model_type load(const load_context& ctx) const {
     const auto& name = ctx.spec.name;
     const auto& opts = ctx.spec.options;
@@ -61,47 +65,78 @@ struct torchscript_loader {
       const bool v = *opts.enable_jit_executor;
       m.settings.push_back(detail::setting_claim::make(
           "ENABLE_JIT_EXECUTOR", v ? "true" : "false", name,
-          [v] { torch::jit::getExecutorMode() = v; }));
+          [v]() -> std::function<void()> {
+            const bool before = torch::jit::getExecutorMode();
+            torch::jit::getExecutorMode() = v;
+            return [before] { torch::jit::getExecutorMode() = before; };
+          }));
     }
     if (opts.enable_jit_profiling) {
       const bool v = *opts.enable_jit_profiling;
       m.settings.push_back(detail::setting_claim::make(
           "ENABLE_JIT_PROFILING", v ? "true" : "false", name,
-          [v] { torch::jit::getProfilingMode() = v; }));
+          [v]() -> std::function<void()> {
+            const bool before = torch::jit::getProfilingMode();
+            torch::jit::getProfilingMode() = v;
+            return [before] { torch::jit::getProfilingMode() = before; };
+          }));
     }
     if (opts.enable_tensor_fuser) {
       const bool v = *opts.enable_tensor_fuser;
       m.settings.push_back(detail::setting_claim::make(
           "ENABLE_TENSOR_FUSER", v ? "true" : "false", name,
-          [v] { torch::jit::setTensorExprFuserEnabled(v); }));
+          [v]() -> std::function<void()> {
+            const bool before = torch::jit::tensorExprFuserEnabled();
+            torch::jit::setTensorExprFuserEnabled(v);
+            return [before] { torch::jit::setTensorExprFuserEnabled(before); };
+          }));
     }
     if (opts.enable_nvfuser) {
       const bool v = *opts.enable_nvfuser;
 #if TORCHLOOM_HAS_NVFUSER_SWITCH
       m.settings.push_back(detail::setting_claim::make(
           "ENABLE_NVFUSER", v ? "true" : "false", name,
-          [v] { (void)torch::jit::fuser::cuda::setEnabled(v); }));
+          [v]() -> std::function<void()> {
+            const bool before = torch::jit::fuser::cuda::isEnabled();
+            (void)torch::jit::fuser::cuda::setEnabled(v);
+            return [before] { (void)torch::jit::fuser::cuda::setEnabled(before); };
+          }));
 #else
       m.settings.push_back(detail::setting_claim::make(
-          "ENABLE_NVFUSER", v ? "true" : "false", name, [v, &name] {
+          "ENABLE_NVFUSER", v ? "true" : "false", name, [v, &name]() -> std::function<void()> {
             if (v) {
               throw error(errc::unsupported, name,
                           "ENABLE_NVFUSER=true: this LibTorch has no nvFuser");
             }
+            return {};
           }));
 #endif
     }
     // KIND_MODEL: the devices the model was saved with stand (a model across GPUs). Residency
     // policies that load on the host and place the weights themselves pass a CPU device.
     const bool keep_devices = ctx.spec.model_placement() && !ctx.device.is_cpu();
+    c10::optional<c10::Device> device;
+    if (!keep_devices) device = ctx.device;
+    std::shared_ptr<detail::recording_reader> reader;
     try {
-      m.module = keep_devices ? torch::jit::load(ctx.file.string())
-                              : torch::jit::load(ctx.file.string(), ctx.device);
+      // A zip archive goes through a reader that notes what it read, for the storage
+      // check below; anything else (a flatbuffer module) is torch's to recognise.
+      reader = std::make_shared<detail::recording_reader>(ctx.file.string());
+      char magic[2] = {};
+      if (reader->size() >= 2 && reader->read(0, magic, 2, "magic") == 2 && magic[0] == 'P' &&
+          magic[1] == 'K') {
+        m.module = torch::jit::load(reader, device);
+      } else {
+        reader.reset();
+        m.module = torch::jit::load(ctx.file.string(), device);
+      }
     } catch (const std::exception& e) {
       throw error(errc::load_failed, name,
                   detail::concat("cannot load TorchScript file '", ctx.file.string(),
                                  "': ", detail::torch_message(e)));
     }
+    // Before anything runs: a tensor that spans more than its record would be read past.
+    if (reader) detail::check_module_storages(name, ctx.file.string(), m.module, *reader);
     if (!m.module.find_method("forward")) {
       throw error(errc::load_failed, name,
                   detail::concat("'", ctx.file.string(), "' has no forward method"));

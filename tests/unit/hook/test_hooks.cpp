@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -54,7 +55,8 @@ const fs::path& plugins() {
   static const bool ready = [] {
     for (const char* name :
          {"tl_test_ops", "tl_test_ops_namespace_conflict", "tl_test_ops_operator_conflict",
-          "tl_test_ops_fragment_conflict", "tl_test_hook", "tl_test_hook_triton_fini",
+          "tl_test_ops_fragment_conflict", "tl_test_ops_kernel_conflict",
+          "tl_test_ops_override_relu", "tl_test_hook", "tl_test_hook_triton_fini",
           "tl_test_hook_triton_release", "tl_test_hook_abi_mismatch", "tl_test_hook_no_fini"}) {
       install_plugin(name, dir.path());
     }
@@ -394,6 +396,27 @@ TEST_CASE("An op library that registers what is already registered is refused", 
                           errc::op_library_conflict, o.op_libraries, first,
                           "tl_test::other", "namespace 'tl_test'");
   }
+  SECTION("only a kernel for an operator another library defines") {
+    e2e_options o;
+    o.op_libraries = (plugins() / so("tl_test_ops_kernel_conflict")).string();
+    e2e_model model(o);
+    CHECK_TORCHLOOM_ERROR(hooked_runner(torchloom::model_spec::from_directory(model.path())),
+                          errc::op_library_conflict, o.op_libraries, first,
+                          "kernel of operator tl_test::lookup");
+    const auto op = c10::Dispatcher::singleton().findSchema({"tl_test::lookup", ""});
+    REQUIRE(op.has_value());
+    CHECK_FALSE(op->hasKernelForDispatchKey(c10::DispatchKey::Meta));
+  }
+  SECTION("a kernel that replaces torch's own (aten::relu for the CPU)") {
+    e2e_options o;
+    o.op_libraries = (plugins() / so("tl_test_ops_override_relu")).string();
+    e2e_model model(o);
+    CHECK_TORCHLOOM_ERROR(hooked_runner(torchloom::model_spec::from_directory(model.path())),
+                          errc::op_library_conflict, "model 'embed'", o.op_libraries,
+                          "kernel of operator aten::relu");
+    // Nothing of it reached this process: relu still computes relu.
+    CHECK(torch::relu(torch::tensor({-1.0F, 2.0F})).equal(torch::tensor({0.0F, 2.0F})));
+  }
   CHECK(torchloom::detail::op_libraries().loaded.size() == loaded);
   CHECK_FALSE(c10::Dispatcher::singleton().findSchema({"tl_test::other", ""}).has_value());
   CHECK(table_count() == 0);  // the hook never ran
@@ -458,6 +481,45 @@ TEST_CASE("Trust checks refuse libraries others could have written", "[hook]") {
   CHECK(table_count() == 0);
 }
 
+TEST_CASE("A library's dependencies are held to the same trust rules", "[hook]") {
+  // The hook needs libtl_test_dep.so, which the dynamic linker finds through the hook's
+  // RUNPATH ($ORIGIN/deps).
+  e2e_options o;
+  o.hook = "tl_test_hook_with_dep";
+  e2e_model model(o);
+  const fs::path deps = model.path() / "deps";
+  const fs::path dep = install_plugin("tl_test_dep", deps);
+  SECTION("a dependency in a directory others can write to") {
+    REQUIRE(::chmod(deps.c_str(), 0777) == 0);
+    CHECK_TORCHLOOM_ERROR(hooked_runner(torchloom::model_spec::from_directory(model.path())),
+                          errc::hook_failed, "model 'embed'", so("tl_test_hook_with_dep"),
+                          "needs 'libtl_test_dep.so'", "writable by others");
+    CHECK_FALSE(is_loaded(model.path() / so("tl_test_hook_with_dep")));
+    CHECK_FALSE(is_loaded(dep));
+  }
+  SECTION("a dependency file others can write to") {
+    REQUIRE(::chmod(dep.c_str(), 0666) == 0);
+    CHECK_TORCHLOOM_ERROR(hooked_runner(torchloom::model_spec::from_directory(model.path())),
+                          errc::hook_failed, "needs 'libtl_test_dep.so'", dep.filename().string(),
+                          "writable by others");
+    CHECK_FALSE(is_loaded(dep));
+  }
+  SECTION("a dependency outside the model directory and the allowed ones") {
+    temp_dir elsewhere;
+    REQUIRE(::unlink(dep.c_str()) == 0);
+    install_plugin("tl_test_dep", elsewhere.path());
+    REQUIRE(::symlink((elsewhere.path() / so("tl_test_dep")).c_str(), dep.c_str()) == 0);
+    CHECK_TORCHLOOM_ERROR(hooked_runner(torchloom::model_spec::from_directory(model.path())),
+                          errc::hook_failed, "needs 'libtl_test_dep.so'",
+                          "outside the model directory");
+  }
+  SECTION("trusted dependencies load") {
+    hooked_runner r(torchloom::model_spec::from_directory(model.path()));
+    CHECK(torch::equal(r.run({model.keys})[0], model.expected()));
+  }
+  CHECK(table_count() == 0);
+}
+
 TEST_CASE("dlopen_hook without MODEL_INIT_LIBRARY does nothing", "[hook]") {
   e2e_options o;
   o.hook = "";
@@ -510,3 +572,93 @@ TEST_CASE("An AOTInductor package calls the op library's operator on the hook's 
                         "to stderr");
 }
 #endif
+
+namespace {
+
+// What the process holds: resident memory, open descriptors, mapped shared objects.
+struct process_usage {
+  long rss_kib = 0;
+  std::size_t fds = 0;
+  std::set<std::string> libraries;
+  std::size_t mappings = 0;
+};
+
+process_usage current_usage() {
+  process_usage u;
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) u.rss_kib = std::stol(line.substr(6));
+  }
+  for (const auto& entry : fs::directory_iterator("/proc/self/fd")) {
+    (void)entry;
+    ++u.fds;
+  }
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    ++u.mappings;
+    const auto slash = line.find('/');
+    if (slash == std::string::npos) continue;
+    const std::string path = line.substr(slash);
+    if (path.find(".so") != std::string::npos) u.libraries.insert(path);
+  }
+  return u;
+}
+
+}  // namespace
+
+TEST_CASE("Soak: 1,000 construct/destroy cycles leave memory, descriptors and libraries as "
+          "they were",
+          "[.][soak]") {
+  temp_dir linear_dir;
+  auto linear = torchloom_test::make_linear(8, 4);
+  torchloom_test::write_triton_model(linear_dir / "linear", linear);
+  e2e_model hooked;  // op library, hook, weights
+  e2e_options no_weights;
+  no_weights.weights = false;
+  e2e_model failing_hook(no_weights);  // the hook's init fails
+  e2e_model failing_load;              // the hook runs, then the model fails to load
+  torchloom_test::write_file(failing_load.path() / "1" / "model.pt", "not a TorchScript file");
+  const auto x = torch::randn({2, 8});
+
+  const auto cycle = [&](int i) {
+    switch (i % 4) {
+      case 0: {
+        torchloom::model_runner<torchloom::torchscript_loader> r(
+            torchloom::model_spec::from_directory(linear_dir / "linear"));
+        REQUIRE(r.run({x})[0].size(1) == 4);
+        break;
+      }
+      case 1: {
+        hooked_runner r(torchloom::model_spec::from_directory(hooked.path()));
+        REQUIRE(torch::equal(r.run({hooked.keys})[0], hooked.expected()));
+        break;
+      }
+      case 2:
+        REQUIRE_THROWS_AS(hooked_runner(torchloom::model_spec::from_directory(failing_hook.path())),
+                          torchloom::error);
+        break;
+      default:
+        REQUIRE_THROWS_AS(hooked_runner(torchloom::model_spec::from_directory(failing_load.path())),
+                          torchloom::error);
+        break;
+    }
+  };
+  for (int i = 0; i < 100; ++i) cycle(i);  // allocator pools and torch's caches settle
+  const auto before = current_usage();
+  for (int i = 0; i < 500; ++i) cycle(i);
+  const auto half = current_usage();
+  for (int i = 500; i < 1000; ++i) cycle(i);
+  const auto after = current_usage();
+  WARN("RSS KiB: " << before.rss_kib << " -> " << half.rss_kib << " -> " << after.rss_kib
+                   << "; fds " << before.fds << " -> " << after.fds << "; mappings "
+                   << before.mappings << " -> " << after.mappings << "; libraries "
+                   << before.libraries.size() << " -> " << after.libraries.size());
+  CHECK(after.fds == before.fds);
+  CHECK(after.libraries == before.libraries);
+  CHECK_FALSE(is_loaded(hooked.path() / so("tl_test_hook")));
+  // A leak of 8 KiB per cycle would add 8 MiB; allocator noise is far below that, and the
+  // second half of the cycles must add no more than the first settles.
+  CHECK(after.rss_kib - before.rss_kib < 8 * 1024);
+  CHECK(after.rss_kib - half.rss_kib < 4 * 1024);
+  CHECK(table_count() == 0);
+}
