@@ -91,12 +91,12 @@ TEST_CASE("WARMUP_ITERATIONS with declared dims too large to make is invalid_opt
   temp_dir t;
   auto m = torchloom_test::make_linear(8, 4);
   torchloom_test::write_triton_model(t / "huge", m, R"(
-input [ { name: "x" data_type: TYPE_FP32 dims: [ 1000000000000, 1000000000 ] } ]
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 2147483648, 2147483648 ] } ]
 parameters: { key: "WARMUP_ITERATIONS" value: { string_value: "1" } }
 )");
   CHECK_TORCHLOOM_ERROR(runner(model_spec::from_directory(t / "huge")), errc::invalid_option,
                         "model 'huge'", "WARMUP_ITERATIONS=1", "input 'x'",
-                        "[1000000000000, 1000000000]");
+                        "[2147483648, 2147483648]");
 }
 
 TEST_CASE("None for an int argument is bad_input naming it", "[hostile][runner]") {

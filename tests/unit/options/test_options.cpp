@@ -182,7 +182,7 @@ TEST_CASE("graphed's options are keys like any other, range-checked", "[options]
   CHECK(o.cuda_graph_batch_sizes.sizes.empty());
   torchloom::set_option(o, "CUDA_GRAPH_MAX_SHAPES", "3");
   CHECK(o.cuda_graph_max_shapes == 3);
-  torchloom::set_option(o, "cuda_graph_batch_sizes", " 1, 2,4 ;8 ");
+  torchloom::set_option(o, "CUDA_GRAPH_BATCH_SIZES", " 1, 2,4 ;8 ");
   CHECK(o.cuda_graph_batch_sizes.sizes == std::vector<std::int64_t>{1, 2, 4, 8});
   CHECK(o.cuda_graph_batch_sizes.bucket_for(3) == 4);
   CHECK(o.cuda_graph_batch_sizes.bucket_for(8) == 8);
