@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
