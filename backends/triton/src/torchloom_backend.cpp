@@ -205,14 +205,7 @@ std::unique_ptr<any_runner> make_runner(const policy_choice& choice, const model
 //! config output is: by name, then by the PyTorch backend's `NAME__<index>`, then by
 //! position (the rule the runner applies to the declared inputs).
 std::optional<std::size_t> index_suffix(const std::string& name) {
-  const auto pos = name.rfind("__");
-  if (pos == std::string::npos || pos + 2 == name.size()) return std::nullopt;
-  std::size_t idx = 0;
-  for (std::size_t i = pos + 2; i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9') return std::nullopt;
-    idx = idx * 10 + static_cast<std::size_t>(name[i] - '0');
-  }
-  return idx;
+  return torchloom::detail::runner_core::index_suffix(name);  // the runner's own rule
 }
 
 struct io_binding {
