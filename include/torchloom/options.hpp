@@ -8,7 +8,9 @@
 #include <boost/describe/members.hpp>
 #include <boost/mp11/algorithm.hpp>
 
+#include <cctype>
 #include <charconv>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -171,6 +173,18 @@ std::string format_value(const T& v) {
   }
 }
 
+//! Whether `key` is the key of the member `name` (its name in upper case), without building
+//! the key: set_option and get_option compare every member's name with the key given.
+inline bool is_key_of(std::string_view name, std::string_view key) {
+  if (name.size() != key.size()) return false;
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    if (std::toupper(static_cast<unsigned char>(name[i])) != static_cast<unsigned char>(key[i])) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // The components' settings (described bases) included.
 using option_members =
     boost::describe::describe_members<runner_options, boost::describe::mod_public |
@@ -250,7 +264,7 @@ inline void set_option(runner_options& options, std::string_view key, std::strin
   }
   bool found = false;
   boost::mp11::mp_for_each<detail::option_members>([&](auto m) {
-    if (found || detail::to_upper(m.name) != name) return;
+    if (found || !detail::is_key_of(m.name, name)) return;
     found = true;
     auto& member = options.*m.pointer;
     if (!detail::parse_value(value, member)) {
@@ -264,8 +278,11 @@ inline void set_option(runner_options& options, std::string_view key, std::strin
   if (const auto why = detail::foreign_option(name); !why.empty()) {
     throw error(errc::unsupported, model, detail::concat("option ", name, " ", why));
   }
-  std::vector<std::string> candidates = option_keys();
-  for (const auto& [alias, target] : option_aliases()) candidates.push_back(alias);
+  static const std::vector<std::string> candidates = [] {
+    std::vector<std::string> c = option_keys();
+    for (const auto& [alias, target] : option_aliases()) c.push_back(alias);
+    return c;
+  }();
   const std::string upper = detail::to_upper(name);
   for (const auto& k : candidates) {
     if (k == upper && key.size() <= detail::max_suggestion_length) {
@@ -296,7 +313,7 @@ inline std::string get_option(const runner_options& options, std::string_view ke
   }
   std::optional<std::string> out;
   boost::mp11::mp_for_each<detail::option_members>([&](auto m) {
-    if (detail::to_upper(m.name) == upper) out = detail::format_value(options.*m.pointer);
+    if (detail::is_key_of(m.name, upper)) out = detail::format_value(options.*m.pointer);
   });
   if (!out) {
     throw error(errc::invalid_option, {},

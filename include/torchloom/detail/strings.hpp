@@ -69,6 +69,39 @@ inline std::size_t edit_distance(std::string_view a, std::string_view b) {
   return row[b.size()];
 }
 
+//! edit_distance(a, b) when it is at most `limit`, else `limit + 1`. Costs O(limit) per
+//! character of `a` rather than O(b.size()): an alignment within `limit` edits never leaves
+//! the band of cells within `limit` of the diagonal (Ukkonen), and once a whole row of the
+//! band is past `limit` so is the answer. Unknown keys are ranked with it: a hostile key of a
+//! few hundred characters is then no slower to refuse than a typo.
+inline std::size_t edit_distance_within(std::string_view a, std::string_view b,
+                                        std::size_t limit) {
+  const std::size_t over = limit + 1;
+  if ((a.size() > b.size() ? a.size() - b.size() : b.size() - a.size()) > limit) return over;
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = std::min(j, over);
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    const std::size_t lo = i > limit ? i - limit : 1;  // the band's first column in this row
+    const std::size_t hi = std::min(b.size(), i + limit);
+    std::size_t diag = row[lo - 1];
+    row[lo - 1] = lo == 1 ? std::min(i, over) : over;  // left of the band: past the limit
+    std::size_t best = row[lo - 1];
+    const auto ca = std::tolower(static_cast<unsigned char>(a[i - 1]));
+    for (std::size_t j = lo; j <= hi; ++j) {
+      const std::size_t up = row[j];  // right of the last row's band it still holds `over`
+      const bool same = ca == std::tolower(static_cast<unsigned char>(b[j - 1]));
+      std::size_t d = diag + (same ? 0 : 1);
+      if (up + 1 < d) d = up + 1;
+      if (row[j - 1] + 1 < d) d = row[j - 1] + 1;
+      row[j] = std::min(d, over);
+      best = std::min(best, row[j]);
+      diag = up;
+    }
+    if (best >= over) return over;
+  }
+  return row[b.size()];
+}
+
 //! Words longer than this get no "did you mean": no key is that long, and ranking them would
 //! cost time in proportion to their length.
 inline constexpr std::size_t max_suggestion_length = 256;
@@ -79,14 +112,19 @@ inline std::vector<std::string> closest(std::string_view word,
                                         const std::vector<std::string>& candidates,
                                         std::size_t at_most = 3) {
   if (word.size() > max_suggestion_length) return {};
+  // (distance, candidate) for the candidates within their limit; only their exact distances
+  // matter for the order, so the others are never ranked.
   std::vector<std::pair<std::size_t, std::string>> ranked;
-  for (const auto& c : candidates) ranked.emplace_back(edit_distance(word, c), c);
+  for (const auto& c : candidates) {
+    const std::size_t limit = std::max<std::size_t>(2, std::max(word.size(), c.size()) / 3);
+    const std::size_t d = edit_distance_within(word, c, limit);
+    if (d <= limit) ranked.emplace_back(d, c);
+  }
   std::stable_sort(ranked.begin(), ranked.end(),
                    [](const auto& x, const auto& y) { return x.first < y.first; });
   std::vector<std::string> out;
   for (const auto& [d, c] : ranked) {
-    const std::size_t limit = std::max<std::size_t>(2, std::max(word.size(), c.size()) / 3);
-    if (d <= limit && out.size() < at_most) out.push_back(c);
+    if (out.size() < at_most) out.push_back(c);
   }
   return out;
 }
