@@ -197,7 +197,7 @@ inline triton_config parse_triton_config(std::string_view text,
   try {
     root = detail::pb_parser(text).parse();
   } catch (const detail::pb_syntax_error& e) {
-    throw error(errc::invalid_option, {}, detail::concat(src, ":", e.line, ": ", e.what));
+    throw error(errc::invalid_option, {}, detail::concat(src, ":", e.line, ": ", e.reason));
   }
   std::size_t line = 0;
   if (const std::string other = detail::foreign_backend(root, line); !other.empty()) {

@@ -1,9 +1,8 @@
 // libFuzzer target: the AOTInductor input metadata parser ("x:float32[-1,64];ids:int64[-1]")
 // and the pytree call-spec leaf counter. parse_declared_inputs may refuse an input with
-// std::invalid_argument, as documented; anything else is a finding.
+// torchloom::error (load_failed), as documented; anything else is a finding.
 #include <cstddef>
 #include <cstdint>
-#include <stdexcept>
 #include <string_view>
 #include <torchloom/detail/aoti_metadata.hpp>
 
@@ -19,7 +18,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         }
       }
     }
-  } catch (const std::invalid_argument&) {
+  } catch (const torchloom::error& e) {
+    if (e.code() != torchloom::errc::load_failed) __builtin_trap();
   }
   (void)torchloom::detail::count_pytree_leaves(text);
   return 0;

@@ -4,6 +4,7 @@
 // so it builds (and is tested) with every LibTorch.
 #include <torchloom/detail/dtype.hpp>
 #include <torchloom/detail/strings.hpp>
+#include <torchloom/error.hpp>
 #include <torchloom/signature.hpp>
 
 #include <cctype>
@@ -11,7 +12,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -27,12 +27,13 @@ inline constexpr std::string_view aoti_inputs_key = "torchloom.inputs";
 
 //! Parses `name:dtype[d0,d1,...]` entries separated by ';' (the shape is optional, -1 is a
 //! free dimension, `[]` a zero-dimensional tensor), e.g. "x:float32[-1,64];ids:int64[-1]".
-//! Throws std::invalid_argument saying which entry is malformed and why.
+//! Throws torchloom::error (load_failed, no model name) saying which entry is malformed and
+//! why; the loader adds the model and the package.
 inline input_signature parse_declared_inputs(std::string_view text) {
   input_signature sig;
   for (const std::string& entry : split(text, ';')) {
     const auto fail = [&](std::string_view why) {
-      throw std::invalid_argument(concat("entry '", entry, "': ", why));
+      throw error(errc::load_failed, {}, concat("entry '", entry, "': ", why));
     };
     const auto colon = entry.find(':');
     if (colon == std::string::npos) fail("expected NAME:DTYPE[DIMS]");

@@ -1,5 +1,6 @@
 #pragma once
 #include <torchloom/detail/strings.hpp>
+#include <torchloom/error.hpp>
 
 #include <algorithm>
 #include <cctype>
@@ -8,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace torchloom::detail {
@@ -50,17 +52,23 @@ struct pb_field {
   }
 };
 
-//! Where and why the text is not valid text format.
-struct pb_syntax_error {
+//! Where and why the text is not valid text format: a torchloom::error (invalid_option,
+//! "line N: why") wherever it goes; parse_triton_config names the file instead.
+struct pb_syntax_error : error {
+  pb_syntax_error(std::size_t at, std::string why)
+      : error(errc::invalid_option, {}, concat("line ", at, ": ", why)),
+        line(at),
+        reason(std::move(why)) {}
+
   std::size_t line;
-  std::string what;
+  std::string reason;
 };
 
 //! A small, strict parser for protobuf text format, enough for Triton's config.pbtxt: scalars
 //! (identifiers, numbers in decimal, hex or octal, `- 1`), nested messages with `{}` or `<>`
 //! (the `:` before them optional), lists, `#` comments, single/double-quoted strings with
 //! C escapes (`\n`, `\x41`, `\101`, `\u00e9`, ...) and adjacent-string concatenation. Refuses
-//! NUL bytes and input beyond pb_limits. Throws pb_syntax_error.
+//! NUL bytes and input beyond pb_limits. Throws pb_syntax_error (a torchloom::error).
 class pb_parser {
  public:
   explicit pb_parser(std::string_view text) : text_(text) {}
@@ -79,7 +87,7 @@ class pb_parser {
   }
 
  private:
-  [[noreturn]] void fail(std::string what) const { throw pb_syntax_error{line_, std::move(what)}; }
+  [[noreturn]] void fail(std::string what) const { throw pb_syntax_error(line_, std::move(what)); }
 
   void skip_space() {
     while (pos_ < text_.size()) {

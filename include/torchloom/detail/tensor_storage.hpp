@@ -34,14 +34,15 @@ namespace torchloom::detail {
 //! how many bytes went there.
 class recording_reader final : public caffe2::serialize::ReadAdapterInterface {
  public:
-  //! Opens `path`; throws std::runtime_error (with strerror) when it cannot.
+  //! Opens `path`; throws torchloom::error (load_failed, "cannot open it: " and strerror, no
+  //! model name: the loader adds it and the file) when it cannot.
   explicit recording_reader(const std::string& path)
       : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
     struct stat st {};
     if (fd_ < 0 || ::fstat(fd_, &st) != 0) {
       const int err = errno;
       if (fd_ >= 0) ::close(fd_);
-      throw std::runtime_error(concat("cannot open it: ", std::strerror(err)));
+      throw error(errc::load_failed, {}, concat("cannot open it: ", std::strerror(err)));
     }
     size_ = static_cast<std::size_t>(st.st_size);
   }

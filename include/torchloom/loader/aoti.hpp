@@ -350,10 +350,10 @@ struct aoti_loader {
     input_signature declared;
     try {
       declared = detail::parse_declared_inputs(entry->second);
-    } catch (const std::invalid_argument& e) {
+    } catch (const error& e) {
       throw error(errc::load_failed, name,
                   detail::concat("AOTInductor package '", file, "': its '", detail::aoti_inputs_key,
-                                 "' metadata is malformed: ", e.what()));
+                                 "' metadata is malformed: ", e.message()));
     }
     if (declared.size() != sig.size()) {
       throw error(

@@ -130,6 +130,10 @@ struct torchscript_loader {
         reader.reset();
         m.module = torch::jit::load(ctx.file.string(), device);
       }
+    } catch (const error& e) {  // the reader could not open the file
+      throw error(errc::load_failed, name,
+                  detail::concat("cannot load TorchScript file '", ctx.file.string(),
+                                 "': ", e.message()));
     } catch (const std::exception& e) {
       throw error(errc::load_failed, name,
                   detail::concat("cannot load TorchScript file '", ctx.file.string(),

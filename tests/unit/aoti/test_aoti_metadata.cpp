@@ -31,8 +31,9 @@ TEST_CASE("torchloom.inputs: a malformed entry says which and why", "[aoti]") {
   const auto message = [](const char* text) {
     try {
       parse_declared_inputs(text);
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
+    } catch (const torchloom::error& e) {
+      CHECK(e.code() == torchloom::errc::load_failed);
+      return e.message();
     }
     return std::string("(nothing thrown)");
   };
