@@ -1,6 +1,7 @@
 #pragma once
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
+#include <torchloom/library_trust.hpp>
 #include <torchloom/options.hpp>
 #include <torchloom/triton_config.hpp>
 
@@ -74,6 +75,24 @@ inline void require_model_file(const std::string& model, const std::filesystem::
   }
 }
 
+//! Checks that `path`, every symlink followed, lies inside `directory` (also resolved: the
+//! directory itself may be reached through a symlink, such as a repository mounted
+//! elsewhere; a symlink inside it to another file inside it is fine). Throws `code` naming the
+//! model, `what`, the path and where it leads otherwise. A path that does not resolve (it does
+//! not exist, a symlink loop, a directory that cannot be searched) passes: whoever opens it
+//! next reports why.
+inline void require_inside(const std::string& model, const std::filesystem::path& path,
+                           const std::filesystem::path& directory, std::string_view what,
+                           errc code) {
+  const std::string real = real_path(path.string());
+  if (real.empty()) return;
+  const std::string real_directory = real_path(directory.string());
+  if (real_directory.empty() || path_is_within(real, real_directory)) return;
+  throw error(code, model,
+              concat(what, " '", path.string(), "' resolves outside the model directory '",
+                     directory.string(), "' (to '", real, "')"));
+}
+
 }  // namespace detail
 
 //! Which model to load and how: a model file, or a Triton-layout model directory
@@ -131,6 +150,11 @@ struct model_spec {
     // symlink_status: a config.pbtxt that is anything at all (a directory, a dangling link)
     // is read and refused for what it is, never taken for "no config".
     if (fs::symlink_status(config_file, ec).type() != fs::file_type::not_found) {
+      // A regular file must lie inside; anything else is refused for what it is, unread.
+      if (fs::is_regular_file(config_file, ec)) {
+        detail::require_inside(s.name, config_file, s.directory, "config file",
+                               errc::invalid_option);
+      }
       try {
         s.config = read_triton_config(config_file);
       } catch (const error& e) {
@@ -204,8 +228,19 @@ struct model_spec {
                                  s.directory.string(), "'", why));
     }
     s.version_directory = s.directory / std::to_string(*s.version);
+    detail::require_inside(s.name, s.version_directory, s.directory,
+                           detail::concat("version ", *s.version, " directory"),
+                           errc::invalid_option);
     if (!s.file.empty()) s.file = s.version_directory / s.file;
     return s;
+  }
+
+  //! In a Triton layout (from_directory), throws `code` when `path` resolves outside the model
+  //! directory (see detail::require_inside); the runner checks the model file and warm-up
+  //! data with it. A model file given on its own (from_file) is the caller's choice: no check.
+  void require_inside(const std::filesystem::path& path, std::string_view what,
+                      errc code) const {
+    if (version) detail::require_inside(name, path, directory, what, code);
   }
 
   //! Whether config.pbtxt asks for KIND_MODEL: the model is loaded with the devices it was

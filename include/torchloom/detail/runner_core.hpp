@@ -98,7 +98,9 @@ class runner_core {
   }
 
   load_context load(std::string_view default_filename) const {
-    return load_context{spec_, spec_.model_file(default_filename), device_};
+    auto file = spec_.model_file(default_filename);
+    spec_.require_inside(file, "model file", errc::load_failed);
+    return load_context{spec_, std::move(file), device_};
   }
 
   //! The device a runner of `spec` runs on: `requested` if given, else what config.pbtxt's
@@ -340,6 +342,7 @@ class runner_core {
         break;
       case warmup_input_decl::data::file: {
         const auto file = spec_.directory / "warmup" / in.file;
+        spec_.require_inside(file, concat(what, ": input_data_file"), errc::invalid_option);
         t = at::empty(shape, opts);
         const auto bytes = static_cast<std::size_t>(t.numel()) * t.element_size();
         std::ifstream f(file, std::ios::binary);

@@ -1,9 +1,16 @@
 // Hostile and broken inputs to the runner: a model.pt whose tensor records are short,
-// declared shapes too large to synthesise, a None where the model takes an int, and the
-// process-wide settings a failed construction claimed.
+// declared shapes too large to synthesise, a None where the model takes an int, the
+// process-wide settings a failed construction claimed, symlinks out of the model directory
+// and files nobody may read.
 #include <ATen/Parallel.h>
+#include <grp.h>
+#include <sys/wait.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <string>
 #include <torchloom/torchloom.hpp>
 
@@ -13,6 +20,7 @@
 using torchloom::errc;
 using torchloom::model_spec;
 using torchloom_test::temp_dir;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -84,6 +92,12 @@ TEST_CASE("A model.pt whose tensor record is shorter than its tensor fails at lo
         (torch::linear(x, w) + m.attr("shift").toTensor()) * m.attr("scale").toTensor();
     CHECK(torch::allclose(r.run({x})[0], expected));
   }
+}
+
+TEST_CASE("The recording reader's error is a torchloom::error", "[hostile][runner]") {
+  temp_dir t;
+  CHECK_TORCHLOOM_ERROR(torchloom::detail::recording_reader((t / "missing.pt").string()),
+                        errc::load_failed, "cannot open it: No such file or directory");
 }
 
 TEST_CASE("WARMUP_ITERATIONS with declared dims too large to make is invalid_option",
@@ -166,4 +180,158 @@ TEST_CASE("A failed construction leaves the process-wide settings as it found th
   torch::jit::getProfilingMode() = profiling_before;
   torch::jit::getExecutorMode() = executor_before;
   at::set_num_threads(threads_before);
+}
+
+TEST_CASE("Nothing is read from outside the model directory through a symlink",
+          "[hostile][spec]") {
+  temp_dir t;
+  auto m = torchloom_test::make_linear(8, 4);
+  torchloom_test::write_triton_model(t / "elsewhere", m, "name: \"elsewhere\"");
+  torchloom_test::write_triton_model(t / "m", m);
+  const auto outside = t / "elsewhere";
+
+  SECTION("config.pbtxt") {
+    fs::create_symlink(outside / "config.pbtxt", t / "m" / "config.pbtxt");
+    CHECK_TORCHLOOM_ERROR(model_spec::from_directory(t / "m"), errc::invalid_option,
+                          "model 'm'", (t / "m" / "config.pbtxt").string(),
+                          "resolves outside the model directory");
+  }
+  SECTION("the model file") {
+    fs::remove(t / "m" / "1" / "model.pt");
+    fs::create_symlink(outside / "1" / "model.pt", t / "m" / "1" / "model.pt");
+    CHECK_TORCHLOOM_ERROR(runner(model_spec::from_directory(t / "m")), errc::load_failed,
+                          "model 'm'", (t / "m" / "1" / "model.pt").string(),
+                          "resolves outside the model directory");
+  }
+  SECTION("default_model_filename through a symlinked directory") {
+    fs::create_symlink(outside / "1", t / "m" / "1" / "sub");
+    torchloom_test::write_file(t / "m" / "config.pbtxt", "default_model_filename: \"sub/model.pt\"");
+    CHECK_TORCHLOOM_ERROR(runner(model_spec::from_directory(t / "m")), errc::load_failed,
+                          "model 'm'", "sub/model.pt", "resolves outside the model directory");
+  }
+  SECTION("a version directory") {
+    fs::create_directory_symlink(outside / "1", t / "m" / "2");
+    CHECK_TORCHLOOM_ERROR(model_spec::from_directory(t / "m"), errc::invalid_option,
+                          "model 'm'", "version 2 directory", (t / "m" / "2").string(),
+                          "resolves outside the model directory");
+    CHECK_TORCHLOOM_ERROR(model_spec::from_directory(t / "m", 2), errc::invalid_option,
+                          "resolves outside the model directory");
+    CHECK(model_spec::from_directory(t / "m", 1).version == 1);
+  }
+  SECTION("warm-up data") {
+    torchloom_test::write_file(outside / "x.bin", std::string(2 * 8 * sizeof(float), '\0'));
+    fs::create_directories(t / "m" / "warmup");
+    fs::create_symlink(outside / "x.bin", t / "m" / "warmup" / "x.bin");
+    torchloom_test::write_file(t / "m" / "config.pbtxt", R"(
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 2, 8 ] } ]
+model_warmup [ { name: "w" batch_size: 0 inputs { key: "x" value: {
+  data_type: TYPE_FP32 dims: [ 2, 8 ] input_data_file: "x.bin" } } } ]
+)");
+    CHECK_TORCHLOOM_ERROR(runner(model_spec::from_directory(t / "m")), errc::invalid_option,
+                          "model 'm'", "input_data_file", "resolves outside the model directory");
+  }
+  SECTION("symlinks that stay inside, and a model directory reached through one, load") {
+    fs::create_directories(t / "m" / "store");
+    fs::rename(t / "m" / "1" / "model.pt", t / "m" / "store" / "model.pt");
+    fs::create_symlink(fs::path("..") / "store" / "model.pt", t / "m" / "1" / "model.pt");
+    torchloom_test::write_file(t / "m" / "store" / "config.pbtxt", "name: \"linked\"");
+    fs::create_symlink("store/config.pbtxt", t / "m" / "config.pbtxt");
+    fs::create_directory_symlink(t / "m", t / "mount");
+    for (const auto& dir : {t / "m", t / "mount"}) {
+      runner r(model_spec::from_directory(dir));
+      CHECK(r.name() == "linked");
+      CHECK(r.run({torch::ones({2, 8})})[0].sizes() == torch::IntArrayRef{2, 4});
+    }
+  }
+  SECTION("a model file given on its own may be a symlink: the caller chose it") {
+    fs::create_symlink(outside / "1" / "model.pt", t / "single.pt");
+    runner r(model_spec::from_file(t / "single.pt"));
+    CHECK(r.run({torch::ones({1, 8})})[0].sizes() == torch::IntArrayRef{1, 4});
+  }
+}
+
+namespace {
+
+// The checks of "permission denied": a config.pbtxt and a model file nobody may read are
+// refused with the system's reason, and the same files readable load (so that a refusal is
+// not for another reason). Returns what went wrong, or an empty string.
+std::string permission_denied_failures(const std::filesystem::path& root) {
+  std::string failures;
+  const auto expect = [&](const std::string& what, auto&& f, errc code,
+                          const std::string& text) {
+    try {
+      f();
+      failures += what + ": nothing thrown; ";
+    } catch (const torchloom::error& e) {
+      if (e.code() != code || !torchloom_test::contains(e.what(), text)) {
+        failures += what + ": " + e.what() + "; ";
+      }
+    } catch (const std::exception& e) {
+      failures += what + ": not a torchloom::error: " + e.what() + "; ";
+    }
+  };
+  try {
+    runner r(model_spec::from_directory(root / "readable"));
+  } catch (const std::exception& e) {
+    failures += std::string("the readable model does not load: ") + e.what() + "; ";
+  }
+  expect("config.pbtxt of mode 000", [&] { (void)model_spec::from_directory(root / "config"); },
+         errc::invalid_option, "config.pbtxt': Permission denied");
+  expect("model.pt of mode 000", [&] { runner r(model_spec::from_directory(root / "model")); },
+         errc::load_failed, "model.pt' cannot be read: Permission denied");
+  return failures;
+}
+
+}  // namespace
+
+TEST_CASE("Permission denied is reported as such, also when the tests run as root",
+          "[hostile][triton]") {
+  temp_dir t;
+  auto m = torchloom_test::make_linear();
+  for (const char* name : {"readable", "config", "model"}) {
+    torchloom_test::write_triton_model(t / name, m, "max_batch_size: 0");
+  }
+  // Readable for everyone but the two files under test: as root the checks run as nobody.
+  fs::permissions(t.path(), fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                                fs::perms::others_read | fs::perms::others_exec);
+  for (const auto& e : fs::recursive_directory_iterator(t.path())) {
+    fs::permissions(e.path(), e.is_directory() ? fs::perms(0755) : fs::perms(0644));
+  }
+  fs::permissions(t / "config" / "config.pbtxt", fs::perms::none);
+  fs::permissions(t / "model" / "1" / "model.pt", fs::perms::none);
+
+  std::string failures;
+  if (::geteuid() != 0) {
+    failures = permission_denied_failures(t.path());
+  } else {
+    // Root reads everything: the checks run in a child that gives up root for nobody
+    // (65534) and reports back through a pipe.
+    int fds[2];
+    REQUIRE(::pipe(fds) == 0);
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      ::close(fds[0]);
+      ::alarm(120);  // a hang in the child fails the test instead of stalling it
+      std::string out;
+      if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0 ||
+          ::geteuid() == 0) {
+        out = std::string("cannot drop root: ") + std::strerror(errno);
+      } else {
+        out = permission_denied_failures(t.path());
+      }
+      const ssize_t written = ::write(fds[1], out.data(), out.size());
+      ::_exit(written == static_cast<ssize_t>(out.size()) ? 0 : 2);
+    }
+    ::close(fds[1]);
+    char buffer[4096];
+    for (ssize_t n; (n = ::read(fds[0], buffer, sizeof buffer)) > 0;) failures.append(buffer, n);
+    ::close(fds[0]);
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    INFO("child status " << status);
+    CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  }
+  INFO(failures);
+  CHECK(failures.empty());
 }

@@ -4,7 +4,11 @@
 #include <torchloom/options.hpp>
 #include <torchloom/triton_config.hpp>
 
+#include <algorithm>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 using torchloom::errc;
 using torchloom::runner_options;
@@ -69,6 +73,53 @@ TEST_CASE("an unknown key suggests the closest valid keys", "[options]") {
                         "did you mean 'INTRA_OP_THREAD_COUNT'");
   CHECK_TORCHLOOM_ERROR(torchloom::set_option(o, "inference-mode", "1"), errc::invalid_option,
                         "'INFERENCE_MODE'");
+}
+
+TEST_CASE("suggestions come from the bounded search as from the full edit distance",
+          "[options]") {
+  // What closest() ranked before it bounded the search: every candidate's full distance.
+  const auto reference = [](std::string_view word, const std::vector<std::string>& candidates) {
+    std::vector<std::pair<std::size_t, std::string>> ranked;
+    for (const auto& c : candidates) {
+      ranked.emplace_back(torchloom::detail::edit_distance(word, c), c);
+    }
+    std::stable_sort(ranked.begin(), ranked.end(),
+                     [](const auto& x, const auto& y) { return x.first < y.first; });
+    std::vector<std::string> out;
+    for (const auto& [d, c] : ranked) {
+      const std::size_t limit = std::max<std::size_t>(2, std::max(word.size(), c.size()) / 3);
+      if (d <= limit && out.size() < 3) out.push_back(c);
+    }
+    return out;
+  };
+  const auto& keys = torchloom::option_keys();
+  std::vector<std::string> words = {"", "X", "INTRA_OP_THREADS", "inference-mode", "OP_LIBRARY",
+                                    "WEIGHT_BUDGET", "AOTI_RUNNERS", std::string(40, 'A')};
+  for (const auto& k : keys) {
+    words.push_back(k.substr(1));
+    words.push_back(k + "_X");
+    words.push_back(k.substr(0, k.size() / 2));
+    words.push_back(torchloom::detail::to_lower(k));
+    std::string swapped = k;
+    std::swap(swapped[0], swapped[swapped.size() - 1]);
+    words.push_back(swapped);
+  }
+  for (const auto& w : words) {
+    INFO(w);
+    CHECK(torchloom::detail::closest(w, keys) == reference(w, keys));
+  }
+  for (std::size_t limit = 0; limit < 12; ++limit) {
+    for (const auto& a : words) {
+      for (const auto& b : {keys[3], keys[12], std::string("AOTI")}) {
+        const std::size_t d = torchloom::detail::edit_distance(a, b);
+        CHECK(torchloom::detail::edit_distance_within(a, b, limit) == std::min(d, limit + 1));
+      }
+    }
+  }
+  // A key of a few hundred characters is refused without a suggestion, and quickly.
+  runner_options o;
+  CHECK_TORCHLOOM_ERROR(torchloom::set_option(o, std::string(250, 'W') + "EIGHT", "1"),
+                        errc::invalid_option, "unknown option");
 }
 
 TEST_CASE("lists and strings", "[options]") {
@@ -155,6 +206,17 @@ parameters [
   CHECK(c.parameters.at("INFERENCE_MODE") == "false");
   CHECK(c.parameters.at("INTRA_OP_THREAD_COUNT") == "2");
   CHECK(c.parameters.at("MODEL_INIT_LIBRARY") == "lib\"x\".so");
+}
+
+TEST_CASE("the text-format parser's error is a torchloom::error", "[options]") {
+  // Whoever calls the parser directly gets torchloom's one exception type, with the line.
+  try {
+    (void)torchloom::detail::pb_parser("a {\n b: 1\n").parse();
+    FAIL("nothing thrown");
+  } catch (const torchloom::error& e) {
+    CHECK(e.code() == errc::invalid_option);
+    CHECK(torchloom_test::contains(e.what(), "line 3: "));
+  }
 }
 
 TEST_CASE("config.pbtxt errors name the file, the line and the problem", "[options]") {
