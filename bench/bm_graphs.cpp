@@ -23,19 +23,19 @@
 #include <cuda_runtime_api.h>
 #endif
 
-#include <algorithm>
-#include <chrono>
-#include <cmath>
+#include "bench/support/fixtures.hpp"
+#include "bench/support/registration.hpp"
+#include "bench/support/timing.hpp"
+
 #include <cstdint>
-#include <cstdlib>
 #include <filesystem>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+namespace torchloom_bench {
 namespace {
 
 namespace fs = std::filesystem;
@@ -45,11 +45,6 @@ constexpr int warmup_calls = 5;  // more than graphed's eager runs before its ca
 
 enum class model_kind { mlp, resnet18 };
 enum class loader_kind { torchscript, aoti };
-
-fs::path env_or(const char* name, const fs::path& fallback) {
-  const char* env = std::getenv(name);
-  return env != nullptr && *env != 0 ? fs::path(env) : fallback;
-}
 
 // The model's Triton-layout directory.
 fs::path model_dir(model_kind m, loader_kind l) {
@@ -67,10 +62,9 @@ fs::path model_file(model_kind m, loader_kind l) {
 }
 
 at::Tensor make_input(model_kind m, std::int64_t batch) {
+  if (m == model_kind::mlp) return bundled_input(gpu, batch);
   torch::manual_seed(42);
-  const auto opts = torch::TensorOptions().device(gpu);
-  return m == model_kind::mlp ? torch::rand({batch, 64}, opts)
-                              : torch::randn({batch, 3, 224, 224}, opts);
+  return torch::randn({batch, 3, 224, 224}, torch::TensorOptions().device(gpu));
 }
 
 // Paired calls per row: enough for a stable median at each row's cost.
@@ -79,27 +73,7 @@ benchmark::IterationCount calls_for(model_kind m, std::int64_t batch) {
   return batch == 1 ? 300 : batch == 8 ? 150 : 40;
 }
 
-void sync() { torch::cuda::synchronize(0); }
-
-double median_of_sorted(const std::vector<double>& v) {
-  if (v.empty()) return 0.0;
-  const std::size_t mid = v.size() / 2;
-  return v.size() % 2 == 1 ? v[mid] : (v[mid - 1] + v[mid]) / 2.0;
-}
-
-double nearest_rank(const std::vector<double>& sorted, double q) {
-  if (sorted.empty()) return 0.0;
-  const auto rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(sorted.size())));
-  return sorted[rank == 0 ? 0 : rank - 1];
-}
-
-template <class Fn>
-double time_call_us(Fn&& call) {
-  const auto start = std::chrono::steady_clock::now();
-  call();
-  const auto stop = std::chrono::steady_clock::now();
-  return std::chrono::duration<double, std::micro>(stop - start).count();
-}
+void sync() { torchloom_bench::sync(gpu); }
 
 using graphed_stream = torchloom::graphed<torchloom::caller_stream>;
 using ts_runner =
@@ -112,6 +86,14 @@ struct sides {
   std::function<torchloom::graph_stats()> stats;
   std::shared_ptr<void> keep;  // what the two sides call into
 };
+
+// The sides over `s` (the raw model, the runner and the inputs): raw(*s), runner(*s) and the
+// runner's graph statistics.
+template <class State, class Raw, class Runner>
+sides make_sides(std::shared_ptr<State> s, Raw raw, Runner runner) {
+  return {[s, raw] { return raw(*s); }, [s, runner] { return runner(*s); },
+          [s] { return s->runner->stream().stats(); }, s};
+}
 
 sides torchscript_sides(model_kind m, const at::Tensor& x) {
   struct state {
@@ -126,15 +108,13 @@ sides torchscript_sides(model_kind m, const at::Tensor& x) {
   s->runner = std::make_unique<ts_runner>(
       torchloom::model_spec::from_directory(model_dir(m, loader_kind::torchscript)), gpu);
   s->inputs = {x};
-  sides out;
-  out.raw = [s] {
-    c10::InferenceMode inference;
-    return s->raw.forward(s->inputs).toTensor();
-  };
-  out.runner = [s] { return s->runner->run(s->inputs).front(); };
-  out.stats = [s] { return s->runner->stream().stats(); };
-  out.keep = s;
-  return out;
+  return make_sides(
+      s,
+      [](state& st) {
+        c10::InferenceMode inference;
+        return st.raw.forward(st.inputs).toTensor();
+      },
+      [](state& st) { return st.runner->run(st.inputs).front(); });
 }
 
 #if TORCHLOOM_TORCH_VERSION >= 20600
@@ -155,19 +135,17 @@ sides aoti_sides(model_kind m, const at::Tensor& x) {
   s->runner = std::make_unique<aoti_runner>(
       torchloom::model_spec::from_directory(model_dir(m, loader_kind::aoti)), gpu);
   s->inputs = {x};
-  sides out;
-  out.raw = [s] {
-    c10::InferenceMode inference;
-    void* stream = nullptr;
+  return make_sides(
+      s,
+      [](state& st) {
+        c10::InferenceMode inference;
+        void* stream = nullptr;
 #if TORCHLOOM_HAS_CUDA
-    stream = c10::cuda::getCurrentCUDAStream(0).stream();
+        stream = c10::cuda::getCurrentCUDAStream(0).stream();
 #endif
-    return s->raw->run(s->inputs, stream).front();
-  };
-  out.runner = [s] { return s->runner->run_tensors(s->inputs).front(); };
-  out.stats = [s] { return s->runner->stream().stats(); };
-  out.keep = s;
-  return out;
+        return st.raw->run(st.inputs, stream).front();
+      },
+      [](state& st) { return st.runner->run_tensors(st.inputs).front(); });
 }
 #endif
 
@@ -221,34 +199,12 @@ void bm_paired_graphs(benchmark::State& state, model_kind m, loader_kind l, std:
     benchmark::DoNotOptimize(s.runner());
     sync();
   };
-  std::vector<double> raw_us;
-  std::vector<double> runner_us;
-  raw_us.reserve(static_cast<std::size_t>(state.max_iterations));
-  runner_us.reserve(static_cast<std::size_t>(state.max_iterations));
-  bool raw_first = true;
-  for (auto _ : state) {
-    if (raw_first) {
-      raw_us.push_back(time_call_us(raw_once));
-      runner_us.push_back(time_call_us(runner_once));
-    } else {
-      runner_us.push_back(time_call_us(runner_once));
-      raw_us.push_back(time_call_us(raw_once));
-    }
-    raw_first = !raw_first;
-  }
-  std::sort(raw_us.begin(), raw_us.end());
-  std::sort(runner_us.begin(), runner_us.end());
-  const double raw_median = median_of_sorted(raw_us);
-  const double runner_median = median_of_sorted(runner_us);
+  paired_samples samples = time_paired(state, raw_once, runner_once);
+  const paired_medians medians = set_paired_counters(state, samples);
   const torchloom::graph_stats stats = s.stats();
   using counter = benchmark::Counter;
-  state.counters["raw_median_us"] = counter(raw_median);
-  state.counters["runner_median_us"] = counter(runner_median);
-  state.counters["ratio"] = counter(raw_median > 0.0 ? runner_median / raw_median : 0.0);
-  state.counters["speedup"] = counter(runner_median > 0.0 ? raw_median / runner_median : 0.0);
-  state.counters["raw_p99_us"] = counter(nearest_rank(raw_us, 0.99));
-  state.counters["runner_p99_us"] = counter(nearest_rank(runner_us, 0.99));
-  state.counters["calls"] = counter(static_cast<double>(raw_us.size()));
+  state.counters["speedup"] =
+      counter(medians.runner_us > 0.0 ? medians.raw_us / medians.runner_us : 0.0);
   state.counters["bitwise"] = counter(bitwise ? 1.0 : 0.0);
   // 1 when the timed runner calls were replays (the graph was captured, not refused).
   state.counters["replayed"] =
@@ -259,33 +215,43 @@ void bm_paired_graphs(benchmark::State& state, model_kind m, loader_kind l, std:
 // For reference, not a target: the least a replay of the bundled MLP costs here, written with
 // torch's CUDAGraph by hand (copy the input in, replay, clone the output, synchronise), as
 // torch's own Python replay does it. The graphed runner adds its checks and bookkeeping.
-void bm_graphs_floor(benchmark::State& state, std::int64_t batch) {
-  if (const std::string why = missing(model_kind::mlp, loader_kind::torchscript); !why.empty()) {
-    state.SkipWithError(why.c_str());
-    return;
-  }
-  torch::jit::Module m =
-      torch::jit::load(model_file(model_kind::mlp, loader_kind::torchscript).string(), gpu);
-  m.eval();
+// The bundled MLP captured by hand with torch's CUDAGraph, as torch's own Python replay does
+// it: an input of `batch` rows and its static copy, three eager runs, one capture on a side
+// stream, a static output. InferenceMode holds from after the load while it lives.
+struct hand_captured_mlp {
+  torch::jit::Module m;
   c10::InferenceMode inference;
-  const at::Tensor x = make_input(model_kind::mlp, batch);
-  const at::Tensor static_x = x.clone();
-  for (int i = 0; i < 3; ++i) benchmark::DoNotOptimize(m.forward({static_x}));
-  sync();
-  at::cuda::CUDAGraph graph;
+  at::Tensor x;
+  at::Tensor static_x;
   at::Tensor static_out;
-  {
+  at::cuda::CUDAGraph graph;
+
+  explicit hand_captured_mlp(std::int64_t batch)
+      : m(torch::jit::load(model_file(model_kind::mlp, loader_kind::torchscript).string(), gpu)),
+        x(make_input(model_kind::mlp, batch)) {
+    m.eval();
+    static_x = x.clone();
+    for (int i = 0; i < 3; ++i) benchmark::DoNotOptimize(m.forward({static_x}));
+    sync();
     const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, 0);
     const c10::cuda::CUDAStreamGuard on_side(side);
     graph.capture_begin();
     static_out = m.forward({static_x}).toTensor();
     graph.capture_end();
   }
+};
+
+void bm_graphs_floor(benchmark::State& state, std::int64_t batch) {
+  if (const std::string why = missing(model_kind::mlp, loader_kind::torchscript); !why.empty()) {
+    state.SkipWithError(why.c_str());
+    return;
+  }
+  hand_captured_mlp h(batch);
   sync();
   for (auto _ : state) {
-    static_x.copy_(x, true);
-    graph.replay();
-    at::Tensor out = static_out.clone();
+    h.static_x.copy_(h.x, true);
+    h.graph.replay();
+    at::Tensor out = h.static_out.clone();
     sync();
     benchmark::DoNotOptimize(out);
   }
@@ -306,22 +272,9 @@ void bm_graphs_host_parts(benchmark::State& state) {
   const at::Tensor x = make_input(model_kind::mlp, 1);
   sides s = torchscript_sides(model_kind::mlp, x);
   for (int i = 0; i < warmup_calls; ++i) benchmark::DoNotOptimize(s.runner());
-  torch::jit::Module m =
-      torch::jit::load(model_file(model_kind::mlp, loader_kind::torchscript).string(), gpu);
-  m.eval();
-  c10::InferenceMode inference;
-  const at::Tensor static_x = x.clone();
-  for (int i = 0; i < 3; ++i) benchmark::DoNotOptimize(m.forward({static_x}));
-  sync();
-  at::cuda::CUDAGraph graph;
-  at::Tensor static_out;
-  {
-    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, 0);
-    const c10::cuda::CUDAStreamGuard on_side(side);
-    graph.capture_begin();
-    static_out = m.forward({static_x}).toTensor();
-    graph.capture_end();
-  }
+  hand_captured_mlp h(1);
+  at::cuda::CUDAGraph& graph = h.graph;
+  const at::Tensor& static_out = h.static_out;
   graph.replay();
   sync();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(0).stream();
@@ -417,13 +370,9 @@ void register_benchmarks() {
   }
 }
 
-}  // namespace
+void teardown() {}  // nothing outlives its benchmark
 
-int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  register_benchmarks();
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+}  // namespace
+}  // namespace torchloom_bench
+
+TORCHLOOM_BENCH_MAIN(register_benchmarks, teardown)

@@ -28,18 +28,15 @@
 #include <torch/script.h>
 
 #if TORCHLOOM_HAS_CUDA
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime.h>
-#if __has_include(<torchloom/stream/green_context.hpp>)
-#include <torchloom/stream/green_context.hpp>
-#define TORCHLOOM_BENCH_HAS_GREEN_CONTEXT 1
-#endif
 #include <dlfcn.h>
 #include <unistd.h>
+#include "bench/support/cuda.hpp"
 #endif
 
-#include <algorithm>
+#include "bench/support/fixtures.hpp"
+#include "bench/support/registration.hpp"
+#include "bench/support/stats.hpp"
+
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -59,6 +56,7 @@
 #include <utility>
 #include <vector>
 
+namespace torchloom_bench {
 namespace {
 
 #if TORCHLOOM_HAS_CUDA
@@ -80,12 +78,6 @@ constexpr auto cotenant_start_timeout = std::chrono::seconds(30);
 
 template <class S>
 using runner_type = torchloom::model_runner<torchloom::torchscript_loader, torchloom::no_hook, S>;
-
-void check_cuda(cudaError_t rc, const char* what) {
-  if (rc != cudaSuccess) {
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(rc));
-  }
-}
 
 cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream(0).stream(); }
 
@@ -183,32 +175,19 @@ enum class model_kind { victim, gemm };
 // with `error` set when it cannot be built (e.g. green contexts unsupported here).
 template <class S, model_kind Model>
 runner_type<S>* runner(bool green, std::string& error) {
-  struct slot {
-    std::optional<runner_type<S>> r;
-    std::string error;
-    bool tried = false;
-  };
-  static slot s;
+  static built_once<runner_type<S>> slot;
   process_state* p = setup(error);
   if (p == nullptr) return nullptr;
-  if (!s.tried) {
-    s.tried = true;
-    try {
-      const bool is_victim = Model == model_kind::victim;
-      auto spec = torchloom::model_spec::from_file(is_victim ? p->victim_file : p->gemm_file);
-      if (green) spec.set("GREEN_CONTEXT_SM_COUNT", green_sm_count);
-      s.r.emplace(std::move(spec), c10::Device(c10::kCUDA, 0));
-      p->cleanups.push_back([] { s.r.reset(); });
-      const auto& inputs = is_victim ? p->victim_inputs : p->gemm_inputs;
-      for (int i = 0; i < (is_victim ? victim_warmup_calls : 3); ++i) s.r->run(inputs);
-      check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    } catch (const std::exception& e) {
-      s.r.reset();
-      s.error = e.what();
-    }
-  }
-  error = s.error;
-  return s.r ? &*s.r : nullptr;
+  return slot.get(error, [p, green](std::optional<runner_type<S>>& r) {
+    const bool is_victim = Model == model_kind::victim;
+    auto spec = torchloom::model_spec::from_file(is_victim ? p->victim_file : p->gemm_file);
+    if (green) spec.set("GREEN_CONTEXT_SM_COUNT", green_sm_count);
+    r.emplace(std::move(spec), c10::Device(c10::kCUDA, 0));
+    p->cleanups.push_back([] { slot.reset(); });
+    const auto& inputs = is_victim ? p->victim_inputs : p->gemm_inputs;
+    for (int i = 0; i < (is_victim ? victim_warmup_calls : 3); ++i) r->run(inputs);
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  });
 }
 
 int device_sm_count() {
@@ -444,13 +423,6 @@ phase measure(R& r, const std::vector<c10::IValue>& inputs, int calls, double de
   return p;
 }
 
-double percentile(std::vector<double> v, double q) {  // nearest rank
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const auto rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(v.size())));
-  return v[rank == 0 ? 0 : rank - 1];
-}
-
 enum class cotenant_kind { none, plain, green };
 
 template <class VictimPolicy>
@@ -616,13 +588,6 @@ void teardown() {}
 #endif
 
 }  // namespace
+}  // namespace torchloom_bench
 
-int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  register_benchmarks();
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  teardown();
-  return 0;
-}
+TORCHLOOM_BENCH_MAIN(register_benchmarks, teardown)

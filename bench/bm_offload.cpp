@@ -16,7 +16,8 @@
 // the median is the benchmark's manual time, and median, p99, GB/s (weight bytes read per
 // forward / median), % of the ceiling and the budget checks are user counters for
 // scripts/report.py. Every variant's output is compared bitwise with the resident run's on
-// the same input first. Without CUDA every benchmark reports an error and the program exits 0.
+// the same input first. Without CUDA only BM_offload_limit is registered, reporting an error,
+// and the program exits 0.
 #include <torchloom/detail/config.hpp>
 #include <torchloom/torchloom.hpp>
 
@@ -28,11 +29,13 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
+
+#include "bench/support/cuda.hpp"
 #endif
 
-#include <ftw.h>
-#include <stdio.h>
-#include <stdlib.h>
+#include "bench/support/registration.hpp"
+#include "bench/support/stats.hpp"
+#include "tests/support/temp_dir.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -45,6 +48,7 @@
 #include <string>
 #include <vector>
 
+namespace torchloom_bench {
 namespace {
 
 #if TORCHLOOM_HAS_CUDA
@@ -57,61 +61,33 @@ template <class Residency>
 using runner_type = torchloom::model_runner<torchloom::torchscript_loader, torchloom::no_hook,
                                             torchloom::caller_stream, Residency>;
 
-void check_cuda(cudaError_t rc, const char* what) {
-  if (rc != cudaSuccess) {
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(rc));
-  }
-}
-
 struct timing {
   double median_ms = 0;
   double p99_ms = 0;
 };
 
-// Median and p99 (nearest rank) of samples in ms.
+// Median (nearest rank: the lower middle of an even count) and p99 of samples in ms.
 timing summarise(std::vector<double> ms) {
   std::sort(ms.begin(), ms.end());
-  const auto rank = [&](double q) {
-    const auto i = static_cast<std::size_t>(std::ceil(q * static_cast<double>(ms.size())));
-    return ms[std::min(ms.size(), std::max<std::size_t>(i, 1)) - 1];
-  };
-  return {rank(0.5), rank(0.99)};
+  return {nearest_rank(ms, 0.5), nearest_rank(ms, 0.99)};
 }
 
-// Times single calls with CUDA events on the current stream (cuda:0's).
-class event_timer {
+// Times single calls with CUDA events on the current stream (cuda:0's) at its construction.
+class stream_timer {
  public:
-  event_timer() : stream_(c10::cuda::getCurrentCUDAStream(0).stream()) {
-    check_cuda(cudaEventCreate(&start_), "cudaEventCreate");
-    check_cuda(cudaEventCreate(&stop_), "cudaEventCreate");
-  }
-  event_timer(const event_timer&) = delete;
-  event_timer& operator=(const event_timer&) = delete;
-  ~event_timer() {
-    (void)cudaEventDestroy(start_);
-    (void)cudaEventDestroy(stop_);
-  }
+  stream_timer() : stream_(c10::cuda::getCurrentCUDAStream(0).stream()) {}
 
   // Milliseconds of device time from before `f`'s work to after it.
-  double once(const std::function<void()>& f) {
-    check_cuda(cudaEventRecord(start_, stream_), "cudaEventRecord");
-    f();
-    check_cuda(cudaEventRecord(stop_, stream_), "cudaEventRecord");
-    check_cuda(cudaEventSynchronize(stop_), "cudaEventSynchronize");
-    float elapsed = 0;
-    check_cuda(cudaEventElapsedTime(&elapsed, start_, stop_), "cudaEventElapsedTime");
-    return static_cast<double>(elapsed);
-  }
+  double once(const std::function<void()>& f) { return events_.time_ms(stream_, f); }
 
  private:
   cudaStream_t stream_;
-  cudaEvent_t start_ = nullptr;
-  cudaEvent_t stop_ = nullptr;
+  event_timer events_;  // torchloom_bench's
 };
 
 // Times `forward`: `warmup` untimed calls, then `reps`.
 timing time_forward(const std::function<void()>& forward) {
-  event_timer timer;
+  stream_timer timer;
   std::vector<double> ms;
   for (int i = 0; i < warmup + reps; ++i) {
     const double t = timer.once(forward);
@@ -123,10 +99,10 @@ timing time_forward(const std::function<void()>& forward) {
 // T6's pair: blocks of `block` forwards of `a`, then of `b`, until each has `reps` timed ones;
 // the first forward of each block is not timed, so each side is measured back to back (its
 // steady state) while both share the device's drift (clocks, temperature).
-std::pair<timing, timing> time_paired(const std::function<void()>& a,
+std::pair<timing, timing> time_in_blocks(const std::function<void()>& a,
                                       const std::function<void()>& b) {
   constexpr int block = 6;
-  event_timer timer;
+  stream_timer timer;
   std::vector<double> ta;
   std::vector<double> tb;
   for (int i = 0; i < warmup; ++i) {
@@ -145,24 +121,6 @@ std::pair<timing, timing> time_paired(const std::function<void()>& a,
   }
   return {summarise(ta), summarise(tb)};
 }
-
-// A directory removed with its contents at exit (nftw: see tests/support/fixtures.hpp).
-struct scratch_dir {
-  std::filesystem::path path;
-  scratch_dir() {
-    std::string t = (std::filesystem::temp_directory_path() / "bm_offload-XXXXXX").string();
-    if (::mkdtemp(t.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path = t;
-  }
-  scratch_dir(const scratch_dir&) = delete;
-  scratch_dir& operator=(const scratch_dir&) = delete;
-  ~scratch_dir() {
-    ::nftw(
-        path.c_str(),
-        [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
-        FTW_DEPTH | FTW_PHYS);
-  }
-};
 
 // Random bf16 weights made on the GPU (fast) and kept on the host, scaled so activations
 // stay in range through the stack.
@@ -243,7 +201,7 @@ double measure_limit_gbps() {
 
 // Everything the benchmarks share, built on first use and destroyed by main() before exit.
 struct fixture {
-  scratch_dir dir;
+  torchloom_test::temp_dir dir{"bm_offload"};
   double limit_gbps = 0;
   std::unique_ptr<offload_model> large;
   std::unique_ptr<offload_model> small;
@@ -257,8 +215,8 @@ struct fixture {
     if (!f) {
       f = std::make_unique<fixture>();
       f->limit_gbps = measure_limit_gbps();
-      f->large = make_model(f->dir.path, "large", 16, 1, 8192, 512);
-      f->small = make_model(f->dir.path, "small_tensors", 16, 64, 4096, 128);
+      f->large = make_model(f->dir.path(), "large", 16, 1, 8192, 512);
+      f->small = make_model(f->dir.path(), "small_tensors", 16, 64, 4096, 128);
     }
     return *f;
   }
@@ -320,7 +278,7 @@ void BM_offload(benchmark::State& state, bool large_model, std::int64_t batch, v
     const bool paired = v == variant::streamed && batch > 16;
     for (auto _ : state) {
       if (paired) {
-        const auto [t, resident] = time_paired([&] { (void)forward(); },
+        const auto [t, resident] = time_in_blocks([&] { (void)forward(); },
                                                [&] { (void)m.resident->run({x}); });
         report(state, t, m, f.limit_gbps, equal);
         state.counters["resident_ms_paired"] = resident.median_ms;
@@ -434,16 +392,14 @@ void register_all() {
 
 #endif
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  register_all();
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
+// The models and runners, destroyed before CUDA's own teardown at exit.
+void teardown() {
 #if TORCHLOOM_HAS_CUDA
-  fixture::instance().reset();  // before CUDA's own teardown at exit
+  fixture::instance().reset();
 #endif
-  benchmark::Shutdown();
-  return 0;
 }
+
+}  // namespace
+}  // namespace torchloom_bench
+
+TORCHLOOM_BENCH_MAIN(register_all, teardown)

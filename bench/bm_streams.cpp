@@ -21,19 +21,16 @@
 #include <torch/script.h>
 
 #if TORCHLOOM_HAS_CUDA
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime.h>
-#if __has_include(<torchloom/stream/green_context.hpp>)
-#include <torchloom/stream/green_context.hpp>
-#define TORCHLOOM_BENCH_HAS_GREEN_CONTEXT 1
-#endif
+#include "bench/support/cuda.hpp"
 #endif
 
-#include <algorithm>
+#include "bench/support/fixtures.hpp"
+#include "bench/support/registration.hpp"
+#include "bench/support/stats.hpp"
+#include "bench/support/timing.hpp"
+
 #include <atomic>
 #include <chrono>
-#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -44,12 +41,12 @@
 #include <utility>
 #include <vector>
 
+namespace torchloom_bench {
 namespace {
 
 #if TORCHLOOM_HAS_CUDA
 
 constexpr std::int64_t batch = 8;
-constexpr std::int64_t feature_count = 64;  // the bundled model's input: float32 [batch, 64]
 // Above the pool's 32 streams per priority, so every pool stream has run the model (and has
 // its allocator blocks) before anything is timed.
 constexpr int process_warmup_calls = 100;
@@ -79,12 +76,6 @@ std::vector<std::function<void()>>& cleanups() {
   return c;
 }
 
-void check_cuda(cudaError_t rc, const char* what) {
-  if (rc != cudaSuccess) {
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(rc));
-  }
-}
-
 void sync_current_stream() {
   check_cuda(cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream(0).stream()),
              "cudaStreamSynchronize");
@@ -92,36 +83,22 @@ void sync_current_stream() {
 
 // Random inputs on cuda:0 (never zeros: PERF.md), the same for both sides.
 std::vector<c10::IValue> make_inputs() {
-  torch::manual_seed(42);
-  return {torch::rand({batch, feature_count}, torch::TensorOptions().device(torch::kCUDA, 0))};
+  return {bundled_input(c10::Device(c10::kCUDA, 0), batch)};
 }
 
 // The runner for policy S, built on first use; nullptr (and `error` set) when it cannot be.
 template <class S>
 runner_type<S>* runner(std::string& error) {
-  struct slot {
-    std::optional<runner_type<S>> r;
-    std::string error;
-    bool tried = false;
-  };
-  static slot s;
-  if (!s.tried) {
-    s.tried = true;
-    try {
-      auto spec = torchloom::model_spec::from_directory(TORCHLOOM_BUNDLED_MODEL_DIR);
-      if constexpr (needs_sm_count<S>) spec.set("GREEN_CONTEXT_SM_COUNT", green_sm_count);
-      s.r.emplace(std::move(spec), c10::Device(c10::kCUDA, 0));
-      cleanups().push_back([] { s.r.reset(); });
-      const std::vector<c10::IValue> inputs = make_inputs();
-      for (int i = 0; i < process_warmup_calls; ++i) s.r->run(inputs);
-      sync_current_stream();
-    } catch (const std::exception& e) {
-      s.r.reset();
-      s.error = e.what();
-    }
-  }
-  error = s.error;
-  return s.r ? &*s.r : nullptr;
+  static built_once<runner_type<S>> slot;
+  return slot.get(error, [](std::optional<runner_type<S>>& r) {
+    auto spec = torchloom::model_spec::from_directory(TORCHLOOM_BUNDLED_MODEL_DIR);
+    if constexpr (needs_sm_count<S>) spec.set("GREEN_CONTEXT_SM_COUNT", green_sm_count);
+    r.emplace(std::move(spec), c10::Device(c10::kCUDA, 0));
+    cleanups().push_back([] { slot.reset(); });
+    const std::vector<c10::IValue> inputs = make_inputs();
+    for (int i = 0; i < process_warmup_calls; ++i) r->run(inputs);
+    sync_current_stream();
+  });
 }
 
 // A non-default stream for the "caller on its own stream" case, the same for every call.
@@ -130,31 +107,14 @@ c10::cuda::CUDAStream side_stream() {
   return s;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const std::size_t mid = v.size() / 2;
-  return v.size() % 2 == 1 ? v[mid] : (v[mid - 1] + v[mid]) / 2.0;
-}
-
-double p99(std::vector<double> v) {  // nearest rank
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const std::size_t rank = (v.size() * 99 + 99) / 100;
-  return v[rank == 0 ? 0 : rank - 1];
-}
-
 // `block_calls` calls, each timed on the host alone; then the stream is drained, untimed.
 template <class R>
 void time_cpu_block(R& r, const std::vector<c10::IValue>& inputs, std::vector<double>& us) {
   for (int i = 0; i < block_calls; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    {
+    us.push_back(time_call_us([&] {
       std::vector<at::Tensor> out = r.run(inputs);
       benchmark::DoNotOptimize(out);
-    }
-    const auto stop = std::chrono::steady_clock::now();
-    us.push_back(std::chrono::duration<double, std::micro>(stop - start).count());
+    }));
   }
   sync_current_stream();
 }
@@ -177,34 +137,19 @@ struct stream_gate {
   }
 };
 
-struct event_pair {
-  cudaEvent_t start = nullptr;
-  cudaEvent_t stop = nullptr;
-  event_pair() {
-    check_cuda(cudaEventCreate(&start), "cudaEventCreate");
-    check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
-  }
-  event_pair(const event_pair&) = delete;
-  event_pair& operator=(const event_pair&) = delete;
-  ~event_pair() {
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-  }
-};
-
 // Device time of one run() between events on the caller's stream, in microseconds.
 template <class R>
-double time_gpu_call(R& r, const std::vector<c10::IValue>& inputs, event_pair& ev) {
+double time_gpu_call(R& r, const std::vector<c10::IValue>& inputs, event_timer& ev) {
   const cudaStream_t s = c10::cuda::getCurrentCUDAStream(0).stream();
   stream_gate gate;
   check_cuda(cudaLaunchHostFunc(s, &stream_gate::hold, &gate), "cudaLaunchHostFunc");
   try {
-    check_cuda(cudaEventRecord(ev.start, s), "cudaEventRecord");
+    ev.start(s);
     {
       std::vector<at::Tensor> out = r.run(inputs);
       benchmark::DoNotOptimize(out);
     }
-    check_cuda(cudaEventRecord(ev.stop, s), "cudaEventRecord");
+    ev.stop(s);
   } catch (...) {
     // The host function reads `gate`: let it return before `gate` goes out of scope.
     gate.open.store(true, std::memory_order_release);
@@ -212,13 +157,11 @@ double time_gpu_call(R& r, const std::vector<c10::IValue>& inputs, event_pair& e
     throw;
   }
   gate.open.store(true, std::memory_order_release);
-  check_cuda(cudaEventSynchronize(ev.stop), "cudaEventSynchronize");
+  const double ms = ev.elapsed_ms();
   if (gate.timed_out.load()) {
     throw std::runtime_error("run() waited for the device while its stream was held");
   }
-  float ms = 0.0F;
-  check_cuda(cudaEventElapsedTime(&ms, ev.start, ev.stop), "cudaEventElapsedTime");
-  return static_cast<double>(ms) * 1000.0;
+  return ms * 1000.0;
 }
 
 struct samples {
@@ -264,7 +207,7 @@ void bm_policy(benchmark::State& state, bool caller_on_side_stream) {
       if constexpr (paired) policy->run(inputs);
     }
     sync_current_stream();
-    event_pair events;
+    event_timer events;
     samples b;
     samples p;
     for (auto _ : state) {
@@ -340,17 +283,15 @@ void register_benchmarks() { benchmark::RegisterBenchmark("BM_streams", bm_strea
 
 #endif
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  register_benchmarks();
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
+// The runners, destroyed before CUDA's own teardown at exit.
+void teardown() {
 #if TORCHLOOM_HAS_CUDA
   for (auto& c : cleanups()) c();
   cleanups().clear();
 #endif
-  return 0;
 }
+
+}  // namespace
+}  // namespace torchloom_bench
+
+TORCHLOOM_BENCH_MAIN(register_benchmarks, teardown)

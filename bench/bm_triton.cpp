@@ -10,16 +10,15 @@
 
 #include "in_process_triton.hpp"
 
+#include "bench/support/stats.hpp"
+#include "tests/support/temp_dir.hpp"
+
 #include <benchmark/benchmark.h>
 #include <torch/script.h>
-
-#include <ftw.h>
-#include <stdlib.h>
 
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -30,40 +29,32 @@ namespace {
 
 namespace fs = std::filesystem;
 namespace tt = torchloom_triton;
+using torchloom_test::write_file;
 
 constexpr int client_threads = 8;
 constexpr int requests_per_thread = 250;
 
-const char* mlp_io = R"(
-max_batch_size: 64
-input [ { name: "x" data_type: TYPE_FP32 dims: [ 64 ] } ]
-output [ { name: "y" data_type: TYPE_FP32 dims: [ 16 ] } ]
-instance_group [ { kind: KIND_CPU count: 1 } ]
-)";
+// The inputs and outputs of a test model's config.pbtxt: one input of 64 floats as the
+// bundled model's, one output, one CPU instance.
+std::string io_config(const std::string& input, const std::string& output,
+                      const std::string& output_type, int output_dims) {
+  return "max_batch_size: 64\ninput [ { name: \"" + input +
+         "\" data_type: TYPE_FP32 dims: [ 64 ] } ]\noutput [ { name: \"" + output +
+         "\" data_type: " + output_type + " dims: [ " + std::to_string(output_dims) +
+         " ] } ]\ninstance_group [ { kind: KIND_CPU count: 1 } ]\n";
+}
+const std::string mlp_io = io_config("x", "y", "TYPE_FP32", 16);
 // The minimal backend reads IN0 and answers OUT0 from the same bytes: a 64-float input as for
 // the bundled model, the first 4 values back.
-const char* echo_io = R"(
-max_batch_size: 64
-input [ { name: "IN0" data_type: TYPE_FP32 dims: [ 64 ] } ]
-output [ { name: "OUT0" data_type: TYPE_INT32 dims: [ 4 ] } ]
-instance_group [ { kind: KIND_CPU count: 1 } ]
-)";
+const std::string echo_io = io_config("IN0", "OUT0", "TYPE_INT32", 4);
 const char* batching = "dynamic_batching { max_queue_delay_microseconds: 100 }\n";
-
-void write_file(const fs::path& p, const std::string& text) {
-  fs::create_directories(p.parent_path());
-  std::ofstream(p) << text;
-}
 
 // The benchmark's model repository in a temporary directory, and the server on it.
 struct fixture {
-  fs::path dir;
-  std::unique_ptr<tt::server> server;
+  torchloom_test::temp_dir dir{"bm-triton"};
+  std::unique_ptr<tt::server> server;  // stopped before `dir` is removed
 
   fixture() {
-    std::string tmpl = (fs::temp_directory_path() / "bm-triton-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    dir = tmpl;
     for (const std::string name : {"mlp", "mlp_batched"}) {
       fs::create_directories(dir / name / "1");
       fs::copy_file(fs::path(TORCHLOOM_BUNDLED_MODEL_DIR) / "1" / "model.pt",
@@ -81,15 +72,8 @@ struct fixture {
       models.push_back(name);
     }
 #endif
-    server = std::make_unique<tt::server>(
-        tt::server_options{{dir.string()}, TORCHLOOM_TRITON_BACKEND_DIR, true, models, false});
-  }
-  ~fixture() {
-    server.reset();
-    ::nftw(
-        dir.c_str(),
-        [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
-        FTW_DEPTH | FTW_PHYS);
+    server = std::make_unique<tt::server>(tt::server_options{
+        {dir.path().string()}, TORCHLOOM_TRITON_BACKEND_DIR, true, models, false});
   }
 };
 
@@ -132,12 +116,9 @@ void run_clients(benchmark::State& state, const std::function<void()>& request) 
     requests += client_threads * requests_per_thread;
   }
   std::sort(latencies.begin(), latencies.end());
-  const auto pct = [&](double p) {
-    return latencies[static_cast<std::size_t>(p * static_cast<double>(latencies.size() - 1))];
-  };
   state.counters["requests_per_s"] = static_cast<double>(requests) / seconds;
-  state.counters["p50_us"] = pct(0.50);
-  state.counters["p99_us"] = pct(0.99);
+  state.counters["p50_us"] = torchloom_bench::nearest_rank(latencies, 0.50);
+  state.counters["p99_us"] = torchloom_bench::nearest_rank(latencies, 0.99);
   state.SetItemsProcessed(requests);
 }
 

@@ -3,6 +3,10 @@
 
     scripts/report.py [--out DIR] bm_overhead.json [bm_streams.json ...]
 
+Every benchmark comes from the JSON files given: no list of names here. The thresholds of
+PERF.md's targets are in TARGETS, below; rows are in the order the benchmarks were registered
+(the files' order, then Google Benchmark's family_index) where no parameter orders them.
+
 Benchmarks named BM_raw_<x>/<params> and BM_runner_<x>/<params> (same <x>, same params) are
 paired: the table gives both medians, their ratio, both p99s and the PERF.md target the ratio
 is held to. Everything else is listed on its own with its median and p99. Times are the
@@ -14,23 +18,22 @@ report per-call figures as user counters (raw_median_us, runner_median_us, ratio
 runner_p99_us, calls) per repetition. They get their own table: the median of each counter
 over the repetitions, the ratio's min-max across them, and the verdict on the median ratio.
 Where such a table holds a target, the summary line counts that target from it, not from
-the separately run pairs (whose ratio drifts between runs by more than T1's 2%).
+the separately run pairs (whose ratio drifts between runs by more than T1's margin).
 
 bm_offload's benchmarks (BM_offload_limit, BM_offload/model:<m>/batch:<b>/variant:<v>,
 BM_offload_shared/runners:<n>) and the accelerate row of scripts/offload_peer.py report their
 figures as counters of a single run. They get the weight offload table, rows ordered by model,
-batch and variant, each row held to its targets: T4 (streamed, model large, smallest batch,
->= 95% of the pinned H2D limit), T5 (accelerate / streamed >= 5x, same model and batch), T6
-(streamed / resident <= 1.05x at model large's largest batch), T7 (every streamed row: no
-budget violations, high water <= budget), T8 (streamed, model small_tensors, smallest batch,
->= 90% of the limit); and the T9 table (device bytes of N runners sharing one model <= W +
-N*A). A streamed or mapped row whose output is not bitwise equal to resident's fails on its
+batch and variant, each row held to its targets: T4 (streamed at the smallest batch of T4's
+model, a share of the pinned H2D limit), T5 (accelerate / streamed, same model and batch), T6
+(streamed / resident at the largest batch of T6's model), T7 (every streamed row: no budget
+violations, high water <= budget), T8 (streamed at the smallest batch of T8's model, a share
+of the limit); and the T9 table (device bytes of N runners sharing one model <= W + N*A). A streamed or mapped row whose output is not bitwise equal to resident's fails on its
 own line (counted as "bitwise"). A target with no row to judge is "not measured" (skipped).
 
 bm_graphs' BM_graphs/model:<m>/loader:<l>/batch:<b> (T12) report a paired raw/runner loop as
 counters of a single run (the BM_paired_* counters plus speedup, bitwise, replayed). They get
-the T12 table: every row at most 1.02x raw, and the speed-up floors of PERF.md (MLP batch 1:
-3x TorchScript, 2x AOTInductor; ResNet-18 batch 1: 3x TorchScript).
+the T12 table: every row at most T12's ratio to raw, and PERF.md's speed-up floors per model,
+loader and batch.
 
 Prints the Markdown tables (last thing on stdout), writes DIR/report.md and, when matplotlib
 is installed, DIR/latency.png (runner ÷ raw ratios against their target line; loads on
@@ -41,20 +44,47 @@ context). Standard library only otherwise.
 
 import argparse
 import json
-import math
 import os
 import re
 import sys
 
-# Targets for raw/runner pairs, first match on <x> wins: (pattern, target name, max ratio).
-# PERF.md: T10, the runner's construction against the raw loader's (BM_raw_<x>_load beside
-# BM_runner_<x>_load, bm_aoti), <= 1.05x; T1, the runner against the raw LibTorch call
-# (TorchScript in bm_overhead, AOTInductor in bm_aoti), <= 1.02x per call. Add a row here
-# when a later benchmark pairs raw and runner under a different target.
+# PERF.md's targets: every threshold the report judges against, in one place. Each entry says
+# what it is held to and, where it judges some rows and not others, which rows.
+TARGETS = {
+    # The runner against the raw LibTorch call, per call (bm_overhead, bm_aoti): runner / raw.
+    "T1": {"max_ratio": 1.02},
+    # Stream policies over caller_stream (bm_streams): delta per call, CPU and GPU time.
+    "T2": {"max_cpu_us": 5.0, "max_gpu_us": 1.0},
+    # Victim p99 under a co-tenant against alone (bm_isolation), the row where both sides are
+    # in green contexts.
+    "T3": {"max_ratio": 1.15, "benchmark": "BM_cotenant_green_contexts"},
+    # bm_offload. T4, T8: streamed at the model's smallest batch (transfer-bound), % of the
+    # pinned H2D limit; T5: accelerate / streamed, same model and batch; T6: streamed /
+    # resident at the model's largest batch (compute-bound); T7: every streamed row, no budget
+    # violation and high water within the budget; T9: N shared runners' device bytes <= W + N*A.
+    "T4": {"min_pct_of_limit": 95, "model": "large"},
+    "T5": {"min_ratio": 5, "variant": "accelerate", "over": "streamed"},
+    "T6": {"max_ratio": 1.05, "model": "large", "variant": "streamed", "over": "resident"},
+    "T7": {"max_violations": 0, "variant": "streamed"},
+    "T8": {"min_pct_of_limit": 90, "model": "small_tensors"},
+    "T9": {"bound": "W + N·A"},
+    # The runner's construction against the raw loader's (BM_raw_<x>_load, bm_aoti).
+    "T10": {"max_ratio": 1.05},
+    # graphed<caller_stream> against the raw call (bm_graphs): every row at most max_ratio, and
+    # speed-up floors (raw / runner) per (model, loader, batch).
+    "T12": {"max_ratio": 1.02,
+            "min_speedup": {("mlp", "torchscript", "1"): 3.0, ("mlp", "aoti", "1"): 2.0,
+                            ("resnet18", "torchscript", "1"): 3.0}},
+    # T11 and T13 have no rows the report judges: bm_triton's rows (T13) are listed with their
+    # times; PERF.md states both targets.
+}
+
+# Targets for raw/runner pairs, first match on <x> wins: (pattern, target name). Add a row
+# here when a later benchmark pairs raw and runner under a different target.
 PAIR_TARGETS = [
-    (re.compile(r".*_only"), None, None),  # diagnostics: one layer of the runner alone
-    (re.compile(r".*_load"), "T10", 1.05),
-    (re.compile(r".*"), "T1", 1.02),
+    (re.compile(r".*_only"), None),  # diagnostics: one layer of the runner alone
+    (re.compile(r".*_load"), "T10"),
+    (re.compile(r".*"), "T1"),
 ]
 
 # Name components Google Benchmark appends from the registration's settings, not from
@@ -65,46 +95,26 @@ SETTING_PARTS = re.compile(
 
 TO_US = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
 
-# User counters of the BM_paired_* benchmarks (bench/bm_overhead.cpp).
-PAIRED_COUNTERS = ("raw_median_us", "runner_median_us", "ratio", "raw_p99_us",
-                   "runner_p99_us", "calls")
-# bm_streams (T2) and bm_isolation (T3) report through counters too.
-STREAM_POLICIES = ("BM_pool_stream", "BM_adaptive_stream", "BM_green_context_stream",
-                   "BM_adaptive_stream_nondefault")
-STREAM_COUNTERS = ("cpu_us_median", "cpu_us_p99", "gpu_us_median", "gpu_us_p99",
-                   "cpu_us_delta", "gpu_us_delta", "caller_cpu_us_median", "caller_gpu_us_median")
-ISOLATION_SCENARIOS = (
-    ("BM_alone_plain", "victim alone, whole GPU", ""),
-    ("BM_alone_green", "victim alone, green context", ""),
-    ("BM_cotenant_plain_streams", "co-tenant GEMMs, plain streams", "control"),
-    ("BM_cotenant_green_contexts", "co-tenant GEMMs, both in green contexts", "T3"),
-    ("BM_cotenant_green_victim_only", "co-tenant on a plain stream, victim green", "control"),
-)
-ISOLATION_COUNTERS = ("p50_us", "p99_us", "calls", "alone_p99_us", "ratio_vs_alone",
-                      "victim_sms", "cotenant_sms", "cotenant_tflops", "alone_sm_mhz",
-                      "sm_mhz", "power_w", "power_capped", "ratio_at_alone_clock")
-# bm_offload (T4-T9): BM_offload_limit (the pinned H2D limit), one BM_offload/model:<m>/
-# batch:<b>/variant:<v> per forward measured, BM_offload_shared/runners:<n> (T9); and the
-# accelerate row of its Python peer, scripts/offload_peer.py (T5).
-OFFLOAD_COUNTERS = ("gbps", "bytes", "ms_median", "ms_p99", "reps", "weight_bytes",
-                    "pct_of_limit", "bitwise_equal", "budget_bytes", "high_water_bytes",
-                    "violations", "limit_gbps", "matches_resident", "max_abs_diff",
-                    "activation_bytes", "device_bytes", "bound_bytes", "use_count",
-                    "resident_ms_paired")
-OFFLOAD_MODELS = ("large", "small_tensors")  # table order; T4 and T6 on large, T8 on the other
-OFFLOAD_VARIANTS = ("resident", "streamed", "mapped", "naive", "accelerate")
+# The fields of a Google Benchmark entry that are not user counters: every other number in an
+# entry is one of the benchmark's counters.
+GBENCH_FIELDS = {"family_index", "per_family_instance_index", "repetitions", "repetition_index",
+                 "threads", "iterations", "real_time", "cpu_time", "bytes_per_second",
+                 "items_per_second", "error_occurred", "skipped"}
+# bm_streams (T2): BM_<policy> per stream policy, BM_<policy>_<variant> for a variant of one,
+# the deltas taken against BASELINE_STREAM.
+STREAM_BENCHMARK = re.compile(r"^BM_(\w+_stream)(_[a-z]+)?$")
+BASELINE_STREAM = "BM_caller_stream"
+# bm_isolation (T3): BM_alone_<victim> (no co-tenant) and BM_cotenant_<how>. What each
+# scenario is, for the table (a scenario not named here is shown by its name).
+ISOLATION_BENCHMARK = re.compile(r"^BM_(alone|cotenant)_\w+$")
+ISOLATION_LABELS = {
+    "BM_alone_plain": "victim alone, whole GPU",
+    "BM_alone_green": "victim alone, green context",
+    "BM_cotenant_plain_streams": "co-tenant GEMMs, plain streams",
+    "BM_cotenant_green_contexts": "co-tenant GEMMs, both in green contexts",
+    "BM_cotenant_green_victim_only": "co-tenant on a plain stream, victim green",
+}
 MIB = float(1 << 20)
-# bm_graphs (T12): BM_graphs/model:<m>/loader:<l>/batch:<b>, raw call and graphed<caller_stream>
-# runner paired in one loop, per-call medians as counters of a single run.
-GRAPH_COUNTERS = ("speedup", "bitwise", "replayed")
-GRAPH_MODELS = ("mlp", "resnet18")  # table order
-# T12's speed-up floors: (model, loader, batch) -> at least this raw / runner; every row also
-# at most 1.02x raw (never slower).
-GRAPH_SPEEDUP_TARGETS = {("mlp", "torchscript", "1"): 3.0, ("mlp", "aoti", "1"): 2.0,
-                         ("resnet18", "torchscript", "1"): 3.0}
-GRAPH_MAX_RATIO = 1.02
-ALL_COUNTERS = (PAIRED_COUNTERS + STREAM_COUNTERS + ISOLATION_COUNTERS + OFFLOAD_COUNTERS
-                + GRAPH_COUNTERS)
 
 
 class result:
@@ -120,6 +130,9 @@ class result:
         # User counters by statistic: "median", "min", "max" aggregates, or "single".
         self.counters = {}
         self.repetitions = 1
+        # Where the benchmark was registered: (file, family_index, instance) in the order the
+        # files were given. Tables list their rows in this order where no parameter orders them.
+        self.order = None
 
     def param(self, key):
         for k, v in self.params:
@@ -149,26 +162,35 @@ def split_name(run_name):
     return parts[0], params
 
 
+def user_counters(entry):
+    """The user counters of a Google Benchmark entry: every number that is not one of
+    Google Benchmark's own fields."""
+    return {k: v for k, v in entry.items() if k not in GBENCH_FIELDS
+            and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
 def load(files):
     results = {}  # run name without settings -> result
     order = []
     contexts = []
-    for path in files:
+    for file_index, path in enumerate(files):
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
         contexts.append((path, data.get("context", {})))
-        for b in data.get("benchmarks", []):
+        for position, b in enumerate(data.get("benchmarks", [])):
             run_name = b.get("run_name") or b["name"]
             base, params = split_name(run_name)
             key = "/".join([base] + [f"{k}:{v}" for k, v in params])
             r = results.get(key)
             if r is None:
                 r = results[key] = result(base, params)
+                r.order = (file_index, b.get("family_index", position),
+                           b.get("per_family_instance_index", 0))
                 order.append(key)
             if b.get("error_occurred") or b.get("skipped"):
                 r.error = b.get("error_message") or b.get("skip_message") or "skipped"
                 continue
-            counters = {c: b[c] for c in ALL_COUNTERS if isinstance(b.get(c), (int, float))}
+            counters = user_counters(b)
             if counters and b.get("aggregate_unit", "time") == "time":
                 if b.get("run_type") == "aggregate":
                     r.counters[b.get("aggregate_name")] = counters
@@ -239,10 +261,16 @@ def sort_key(r):
 
 
 def target_for(feature):
-    for pattern, name, limit in PAIR_TARGETS:
+    """The target a raw/runner pair of benchmark <x> is held to, and its largest ratio."""
+    for pattern, name in PAIR_TARGETS:
         if pattern.fullmatch(feature):
-            return name, limit
+            return name, None if name is None else TARGETS[name]["max_ratio"]
     return None, None
+
+
+def first_seen(values):
+    """The distinct values of `values`, in the order they first appear."""
+    return list(dict.fromkeys(values))
 
 
 def judge(tname, limit, ratio, verdicts, at_least=False, unit="×"):
@@ -340,13 +368,15 @@ def counter_set(r):
 
 
 def stream_rows(other):
-    """T2: per-call cost of each stream policy over caller_stream, same repetition."""
+    """T2: per-call cost of each stream policy over the baseline policy, same repetition. Rows:
+    the baseline, then the policies, then their variants, each in registration order."""
     rows, verdicts, used = [], [], set()
-    by_base = {r.base: r for r in other}
-    for name in ("BM_caller_stream",) + STREAM_POLICIES:
-        r = by_base.get(name)
-        if r is None:
-            continue
+    t2 = TARGETS["T2"]
+    runs = [r for r in other if STREAM_BENCHMARK.match(r.base)]
+    runs.sort(key=lambda r: (r.base != BASELINE_STREAM,
+                             STREAM_BENCHMARK.match(r.base).group(2) is not None, r.order))
+    for r in runs:
+        name = r.base
         used.add(name)
         label = name[3:]
         if r.error:
@@ -354,14 +384,15 @@ def stream_rows(other):
             continue
         c = counter_set(r)
         target = ""
-        if name == "BM_caller_stream":
+        if name == BASELINE_STREAM:
             target = "baseline"
         elif "cpu_us_delta" in c and "gpu_us_delta" in c:
-            if name.endswith("_nondefault"):
+            if STREAM_BENCHMARK.match(name).group(2) is not None:
                 target = "≈ caller (no fence)"
             else:
-                ok = c["cpu_us_delta"] <= 5.0 and c["gpu_us_delta"] <= 1.0
-                target = f"T2 ≤5 µs CPU, ≤1 µs GPU: {'pass' if ok else 'FAIL'}"
+                ok = c["cpu_us_delta"] <= t2["max_cpu_us"] and c["gpu_us_delta"] <= t2["max_gpu_us"]
+                target = (f"T2 ≤{t2['max_cpu_us']:g} µs CPU, ≤{t2['max_gpu_us']:g} µs GPU: "
+                          f"{'pass' if ok else 'FAIL'}")
                 verdicts.append(("T2", "pass" if ok else "fail"))
         rows.append([label, fmt_us(c.get("cpu_us_median")), fmt_us(c.get("cpu_us_p99")),
                      fmt_us(c.get("gpu_us_median")), fmt_us(c.get("gpu_us_p99")),
@@ -372,14 +403,18 @@ def stream_rows(other):
 def isolation_rows(other):
     """T3: victim latency under a saturating co-tenant, against the same victim alone."""
     rows, verdicts, used = [], [], set()
-    by_base = {r.base: r for r in other}
+    t3 = TARGETS["T3"]
+    # The victim alone first, then under a co-tenant, each in registration order.
+    runs = [r for r in other if ISOLATION_BENCHMARK.match(r.base)]
+    runs.sort(key=lambda r: (ISOLATION_BENCHMARK.match(r.base).group(1) != "alone", r.order))
     # SM clock and power columns only where the benchmark sampled them (NVML).
-    clocks = any("sm_mhz" in counter_set(r) for r in other
-                 if r.base in {n for n, _, _ in ISOLATION_SCENARIOS})
-    for name, what, role in ISOLATION_SCENARIOS:
-        r = by_base.get(name)
-        if r is None:
-            continue
+    clocks = any("sm_mhz" in counter_set(r) for r in runs)
+    for r in runs:
+        name = r.base
+        what = ISOLATION_LABELS.get(name, name[3:])
+        # Co-tenant scenarios that no target judges are the controls.
+        role = ("T3" if name == t3["benchmark"]
+                else "" if ISOLATION_BENCHMARK.match(name).group(1) == "alone" else "control")
         used.add(name)
         if r.error:
             rows.append([what, "-", "-", "-", "-", "-", "-", f"skipped: {r.error}"])
@@ -388,8 +423,8 @@ def isolation_rows(other):
         ratio = c.get("ratio_vs_alone")
         note = role
         if role == "T3" and ratio is not None:
-            ok = ratio <= 1.15
-            note = f"T3 ≤1.15×: {'pass' if ok else 'FAIL'}"
+            ok = ratio <= t3["max_ratio"]
+            note = f"T3 ≤{t3['max_ratio']:g}×: {'pass' if ok else 'FAIL'}"
             verdicts.append(("T3", "pass" if ok else "fail"))
         sms = f"{c.get('victim_sms', 0):.0f} / {c.get('cotenant_sms', 0):.0f}"
         row = [what, sms, fmt_us(c.get("p50_us")), fmt_us(c.get("p99_us")),
@@ -415,18 +450,15 @@ def batch_of(r):
         return None
 
 
-def rank(value, known):
-    """Position of value in the tuple `known`, unknown values after all of them."""
-    return known.index(value) if value in known else len(known)
-
-
 def offload_results(other):
     """The bm_offload results among `other`: (BM_offload rows in table order, by model,
     batch and variant; BM_offload_limit or None; BM_offload_shared rows)."""
-    runs = [r for r in other if r.base == "BM_offload"]
-    runs.sort(key=lambda r: (rank(r.param("model"), OFFLOAD_MODELS), r.param("model") or "",
-                             batch_of(r) is None, batch_of(r) or 0,
-                             rank(r.param("variant"), OFFLOAD_VARIANTS), r.param("variant") or ""))
+    runs = sorted((r for r in other if r.base == "BM_offload"), key=lambda r: r.order)
+    # Models and variants in the order they were first registered; batches by size.
+    models = first_seen(r.param("model") for r in runs)
+    variants = first_seen(r.param("variant") for r in runs)
+    runs.sort(key=lambda r: (models.index(r.param("model")), batch_of(r) is None,
+                             batch_of(r) or 0, variants.index(r.param("variant"))))
     limit = next((r for r in other if r.base == "BM_offload_limit"), None)
     shared = [r for r in other if r.base == "BM_offload_shared"]
     return runs, limit, shared
@@ -452,20 +484,20 @@ def offload_targets(r, runs):
     batch (transfer-bound); T6: streamed at model large's largest batch, when larger than the
     smallest (compute-bound); T7: every streamed row; T5: the accelerate row."""
     model, variant = r.param("model"), r.param("variant")
-    if variant == "accelerate":
+    if variant == TARGETS["T5"]["variant"]:
         return ["T5"]
-    if variant != "streamed":
+    if variant != TARGETS["T7"]["variant"]:
         return []
     batches = sorted({batch_of(x) for x in runs
                       if x.param("model") == model and batch_of(x) is not None})
     targets = []
     smallest = batches and batch_of(r) == batches[0]
-    if model == "large" and smallest:
+    if model == TARGETS["T4"]["model"] and smallest:
         targets.append("T4")
-    if model == "large" and len(batches) > 1 and batch_of(r) == batches[-1]:
+    if model == TARGETS["T6"]["model"] and len(batches) > 1 and batch_of(r) == batches[-1]:
         targets.append("T6")
     targets.append("T7")
-    if model == "small_tensors" and smallest:
+    if model == TARGETS["T8"]["model"] and smallest:
         targets.append("T8")
     return targets
 
@@ -476,7 +508,7 @@ def offload_verdict(tname, r, runs, verdicts):
     if tname in ("T4", "T8"):
         if "pct_of_limit" not in c:
             return not_measured(tname, "no pct_of_limit counter", verdicts)
-        cell = judge(tname, 95 if tname == "T4" else 90, c["pct_of_limit"], verdicts,
+        cell = judge(tname, TARGETS[tname]["min_pct_of_limit"], c["pct_of_limit"], verdicts,
                      at_least=True, unit="% of limit")
         budget, weights = c.get("budget_bytes"), c.get("weight_bytes")
         if tname == "T4" and budget and weights is not None and weights < 4 * budget:
@@ -487,15 +519,18 @@ def offload_verdict(tname, r, runs, verdicts):
         if any(k not in c for k in need):
             return not_measured(tname, "no " + " / ".join(k for k in need if k not in c),
                                 verdicts)
-        ok = c["violations"] == 0 and c["high_water_bytes"] <= c["budget_bytes"]
-        cell = check(tname, ok, "0 violations, high water ≤ budget", verdicts)
+        most = TARGETS["T7"]["max_violations"]
+        ok = c["violations"] <= most and c["high_water_bytes"] <= c["budget_bytes"]
+        cell = check(tname, ok, f"{most} violations, high water ≤ budget", verdicts)
         if not ok:
             cell += (f" ({c['violations']:.0f} violations, high water "
                      f"{fmt_mib(c['high_water_bytes'])} of {fmt_mib(c['budget_bytes'])} MiB)")
         return cell
     # T5: accelerate over streamed; T6: streamed over resident; same model and batch.
-    base_variant, limit, at_least = (("streamed", 5, True) if tname == "T5"
-                                     else ("resident", 1.05, False))
+    t = TARGETS[tname]
+    base_variant = t["over"]
+    at_least = "min_ratio" in t
+    limit = t["min_ratio"] if at_least else t["max_ratio"]
     where = f"model {r.param('model')} batch {r.param('batch')}"
     base = next((x for x in runs if x.param("variant") == base_variant
                  and x.param("model") == r.param("model") and batch_of(x) == batch_of(r)),
@@ -517,14 +552,17 @@ def offload_verdict(tname, r, runs, verdicts):
                    + (", timed alternately)" if paired else ")"))
 
 
-# Targets of the offload table, and what is missing when no row is held to them.
-OFFLOAD_MISSING = (
-    ("T4", "no streamed row of model large at its smallest batch"),
-    ("T5", "no accelerate row (scripts/offload_peer.py wrote none)"),
-    ("T6", "no streamed row of model large at a batch larger than the smallest"),
-    ("T7", "no streamed row"),
-    ("T8", "no streamed row of model small_tensors"),
-)
+def offload_missing():
+    """Targets of the offload table, and what is missing when no row is held to them."""
+    streamed = TARGETS["T7"]["variant"]
+    return (
+        ("T4", f"no {streamed} row of model {TARGETS['T4']['model']} at its smallest batch"),
+        ("T5", f"no {TARGETS['T5']['variant']} row (scripts/offload_peer.py wrote none)"),
+        ("T6", f"no {streamed} row of model {TARGETS['T6']['model']} at a batch larger than "
+               "the smallest"),
+        ("T7", f"no {streamed} row"),
+        ("T8", f"no {streamed} row of model {TARGETS['T8']['model']}"),
+    )
 
 
 def offload_rows(runs):
@@ -560,7 +598,7 @@ def offload_rows(runs):
                      "-" if "pct_of_limit" not in c else f"{c['pct_of_limit']:.1f}",
                      budget, "-" if equal is None else "yes" if equal == 1 else "no",
                      "; ".join(cells) or ("baseline" if variant == "resident" else "-")])
-    for tname, why in OFFLOAD_MISSING:
+    for tname, why in offload_missing():
         if tname not in held:
             notes.append("- " + not_measured(tname, why, verdicts))
     return rows, verdicts, notes
@@ -601,8 +639,8 @@ def shared_rows(shared):
             target = not_measured("T9", "no " + " / ".join(k for k in need if k not in c),
                                   verdicts)
         else:
-            target = check("T9", c["device_bytes"] <= c["bound_bytes"], f"≤ W + {n}·A",
-                           verdicts)
+            bound = TARGETS["T9"]["bound"].replace("N", n)
+            target = check("T9", c["device_bytes"] <= c["bound_bytes"], f"≤ {bound}", verdicts)
         rows.append([n, fmt_mib(c.get("weight_bytes")), fmt_mib(c.get("activation_bytes")),
                      fmt_mib(c.get("device_bytes")), fmt_mib(c.get("bound_bytes")),
                      "-" if "use_count" not in c else f"{c['use_count']:.0f}", target])
@@ -634,17 +672,17 @@ def offload_section(runs, limit, shared):
 def graph_rows(other):
     """T12: the graphed<caller_stream> runner against the raw call (bm_graphs)."""
     rows, verdicts, used = [], [], set()
-    runs = [r for r in other if r.base == "BM_graphs"]
-
-    def order(r):
-        m = r.param("model") or ""
-        return (GRAPH_MODELS.index(m) if m in GRAPH_MODELS else len(GRAPH_MODELS), m,
-                0 if r.param("loader") == "torchscript" else 1, float(r.param("batch") or 0))
-
-    for r in sorted(runs, key=order):
+    t12 = TARGETS["T12"]
+    runs = sorted((r for r in other if r.base == "BM_graphs"), key=lambda r: r.order)
+    # Models and loaders in the order they were first registered; batches by size.
+    models = first_seen(r.param("model") for r in runs)
+    loaders = first_seen(r.param("loader") for r in runs)
+    runs.sort(key=lambda r: (models.index(r.param("model")), loaders.index(r.param("loader")),
+                             float(r.param("batch") or 0)))
+    for r in runs:
         used.add(r.base)
         key = (r.param("model"), r.param("loader"), r.param("batch"))
-        floor = GRAPH_SPEEDUP_TARGETS.get(key)
+        floor = t12["min_speedup"].get(key)
         c = counter_set(r)
         if r.error or "ratio" not in c:
             why = f"skipped: {r.error}" if r.error else "no data"
@@ -653,8 +691,8 @@ def graph_rows(other):
             if floor:
                 verdicts.append(("T12", "skipped"))
             continue
-        cells = [check("T12", c["ratio"] <= GRAPH_MAX_RATIO,
-                       f"≤{GRAPH_MAX_RATIO:g}× raw", verdicts)]
+        cells = [check("T12", c["ratio"] <= t12["max_ratio"], f"≤{t12['max_ratio']:g}× raw",
+                       verdicts)]
         if floor:
             cells.append(check("T12", c.get("speedup", 0.0) >= floor, f"≥{floor:g}× faster",
                                verdicts))

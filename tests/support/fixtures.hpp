@@ -1,16 +1,15 @@
 #pragma once
-// Test fixtures: TorchScript models built in C++ (no Python), Triton-layout directories,
-// and a helper that captures a torchloom::error for assertions on its code and text.
+// Test fixtures: TorchScript models built in C++ (no Python), Triton-layout directories (in
+// temp_dir.hpp's directories), and a helper that captures a torchloom::error for assertions
+// on its code and text.
 #include "catch.hpp"
+#include "temp_dir.hpp"
 
 #include <torchloom/error.hpp>
 
 #include <torch/csrc/jit/frontend/resolver.h>
 #include <torch/csrc/jit/frontend/sugared_value.h>
 #include <torch/script.h>
-
-#include <ftw.h>
-#include <stdio.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -21,37 +20,6 @@
 namespace torchloom_test {
 
 namespace fs = std::filesystem;
-
-//! A fresh directory, removed with everything in it when the object goes.
-class temp_dir {
- public:
-  temp_dir() {
-    std::string tmpl = (fs::temp_directory_path() / "torchloom-test-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  temp_dir(const temp_dir&) = delete;
-  temp_dir& operator=(const temp_dir&) = delete;
-  // Not std::filesystem::remove_all: pip torch's libtorch.so exports its own copy of it
-  // (from a statically linked libstdc++), the dynamic linker binds ours to that one, and it
-  // crashes (torch 2.11, jumping to address 0). POSIX nftw has no such twin.
-  ~temp_dir() {
-    ::nftw(
-        path_.c_str(),
-        [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
-        FTW_DEPTH | FTW_PHYS);
-  }
-  const fs::path& path() const { return path_; }
-  fs::path operator/(const std::string& p) const { return path_ / p; }
-
- private:
-  fs::path path_;
-};
-
-inline void write_file(const fs::path& path, std::string_view text) {
-  fs::create_directories(path.parent_path());
-  std::ofstream(path) << text;
-}
 
 //! y = x @ w.T + b with w: [out, in], b: [out]; random weights.
 inline torch::jit::Module make_linear(std::int64_t in = 8, std::int64_t out = 4) {

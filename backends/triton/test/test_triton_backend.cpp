@@ -11,6 +11,7 @@
 #define CATCH_CONFIG_RUNNER
 #endif
 #include "support/fixtures.hpp"
+#include "support/plugins.hpp"
 
 #include <torchloom/torchloom.hpp>
 
@@ -36,47 +37,21 @@ namespace {
 
 namespace fs = std::filesystem;
 using torchloom_test::contains;
+using torchloom_test::install_plugin;
+using torchloom_test::so;
 using torchloom_test::temp_dir;
 using torchloom_test::write_file;
+using torchloom_test::write_table;
 namespace tt = torchloom_triton;
 
-std::string so(const std::string& name) { return "lib" + name + ".so"; }
-
-void copy_library(const std::string& name, const fs::path& dir) {
-  fs::create_directories(dir);
-  fs::copy_file(fs::path(TL_TEST_PLUGIN_DIR) / so(name), dir / so(name),
-                fs::copy_options::overwrite_existing);
-  fs::permissions(dir / so(name), fs::perms::owner_all | fs::perms::group_read |
-                                      fs::perms::group_exec | fs::perms::others_read |
-                                      fs::perms::others_exec);
-}
-
-void write_table(const fs::path& file, std::int32_t layer, const at::Tensor& t) {
-  fs::create_directories(file.parent_path());
-  std::ofstream out(file, std::ios::binary);
-  const std::int64_t rows = t.size(0);
-  const std::int64_t cols = t.size(1);
-  out.write("TLTB", 4);
-  out.write(reinterpret_cast<const char*>(&layer), sizeof layer);
-  out.write(reinterpret_cast<const char*>(&rows), sizeof rows);
-  out.write(reinterpret_cast<const char*>(&cols), sizeof cols);
-  out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
-}
-
-// The embedding model of the hook tests: two tables that the hook registers with the op
-// library, read by tl_test::lookup.
+// The embedding model of the hook tests (tests/support/plugins.hpp), written in a child
+// process: defining it needs the op library loaded.
 int make_embed_model(const char* dir, const char* op_library) {
   if (::dlopen(op_library, RTLD_NOW | RTLD_GLOBAL) == nullptr) {
     std::fprintf(stderr, "dlopen %s: %s\n", op_library, ::dlerror());
     return 1;
   }
-  torch::jit::Module m("embed");
-  m.register_parameter("scale", torch::tensor({2.0F}), false);
-  torchloom_test::define_with_ops(m, R"(
-def forward(self, keys):
-    return tl_test.lookup(keys, 0) * self.scale + tl_test.lookup(keys, 1)
-)",
-                                  {"tl_test"});
+  torch::jit::Module m = torchloom_test::make_embed_module();
   fs::create_directories(fs::path(dir) / "1");
   m.save((fs::path(dir) / "1" / "model.pt").string());
   return 0;
@@ -126,8 +101,8 @@ struct repository {
 
   void add_embed(const std::string& name, const std::string& extra, bool weights = true) {
     const fs::path d = dir / name;
-    copy_library("tl_test_ops", d);
-    copy_library("tl_test_hook", d);
+    install_plugin("tl_test_ops", d);
+    install_plugin("tl_test_hook", d);
     run_self({"--make-embed-model", d.string(), (d / so("tl_test_ops")).string()});
     write_file(d / "config.pbtxt",
                "name: \"" + name + "\"\nbackend: \"torchloom\"\n" + embed_io +
@@ -345,8 +320,7 @@ TEST_CASE("a model with a dlopen hook and an op library is served", "[triton]") 
   INFO((r.error ? r.error->message : std::string()));
   REQUIRE_FALSE(r.error.has_value());
   const at::Tensor expected =
-      (repo().table0.index_select(0, keys[0]) * 2.0 + repo().table1.index_select(0, keys[0]))
-          .unsqueeze(0);
+      torchloom_test::embed_reference(repo().table0, repo().table1, keys[0]).unsqueeze(0);
   CHECK(r.outputs[0].shape == std::vector<std::int64_t>{1, 6, 4});
   CHECK(torch::allclose(output_tensor(r), expected));
 }

@@ -9,6 +9,7 @@
 
 #include "../../support/aoti_fixtures.hpp"
 #include "../../support/fixtures.hpp"
+#include "../../support/streams.hpp"
 
 #include <torchloom/torchloom.hpp>
 
@@ -31,6 +32,8 @@
 
 using torchloom::errc;
 using torchloom::model_spec;
+using torchloom_test::current_cuda_stream;
+using torchloom_test::pool_cuda_stream;
 using torchloom_test::temp_dir;
 
 namespace {
@@ -72,20 +75,7 @@ bool matches(const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& 
   return true;
 }
 
-c10::Stream current_cuda_stream() {
-  const c10::Device d(c10::kCUDA, 0);
-  return c10::impl::getDeviceGuardImpl(d.type())->getStream(d);
-}
-
-c10::Stream pool_cuda_stream() {
-  const c10::Device d(c10::kCUDA, 0);
-  return c10::impl::getDeviceGuardImpl(d.type())->getStreamFromGlobalPool(d);
-}
-
 }  // namespace
-
-// First statement of a test case that needs fixture `name`: binds `var` to its directory, or
-// skips the case saying how to make the fixtures.
 
 // ---------------------------------------------------------------------------------------
 // No fixture needed.

@@ -1,220 +1,28 @@
-// streamed_weights and mapped_weights: the schedule arithmetic, the graph pass, outputs bitwise
-// equal to resident_weights, the budget, and on a GPU the copy stream.
+// streamed_weights: the graph pass that refuses weights that cannot move, outputs bitwise
+// equal to resident_weights, the budget, failed and concurrent runs, and on a GPU the copy
+// stream.
 #include "support/catch.hpp"
 #include "support/fixtures.hpp"
+#include "support/stack_model.hpp"
 
-#include <torchloom/detail/weight_schedule.hpp>
 #include <torchloom/torchloom.hpp>
 
 #if TORCHLOOM_HAS_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
-#include <memory>
-#include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
-
-namespace {
 
 using torchloom::errc;
 using torchloom::model_spec;
+using torchloom_test::budget;
+using torchloom_test::resident_runner;
+using torchloom_test::stack_model;
+using torchloom_test::streamed_runner;
 using torchloom_test::temp_dir;
-namespace tld = torchloom::detail;
-
-template <class Residency, class Stream = torchloom::caller_stream>
-using runner_with =
-    torchloom::model_runner<torchloom::torchscript_loader, torchloom::no_hook, Stream, Residency>;
-using resident_runner = runner_with<torchloom::resident_weights>;
-using streamed_runner = runner_with<torchloom::streamed_weights>;
-using mapped_runner = runner_with<torchloom::mapped_weights>;
-
-// A stack of `layers` layers of `dim` x `dim` float weights, each a submodule, then a branch
-// that reads a buffer in both arms and a product that reads layer 0's weight again:
-//   layer i: relu(x @ W_i.T + b_i)   odd layers through torch.linear; even ones take the
-//                                    transposed view of W_i first and apply it after b_i's
-//                                    fetch, so W_i's bytes must stay until the view's use
-// Its fetches: W_i, b_i per layer (and b_i again in even layers), then `scale` (before the
-// branch), then W_0 again.
-torch::jit::Module make_stack(int layers, std::int64_t dim) {
-  torch::jit::Module top("stack");
-  for (int i = 0; i < layers; ++i) {
-    torch::jit::Module layer("layer");
-    layer.register_parameter("weight", torch::randn({dim, dim}) / std::sqrt(double(dim)), false);
-    layer.register_parameter("bias", torch::randn({dim}), false);
-    layer.define(i % 2 == 0 ? R"(
-def forward(self, x):
-    wt = self.weight.t()
-    h = x + self.bias
-    return torch.relu(torch.matmul(h, wt) - torch.matmul(self.bias, wt))
-)"
-                            : R"(
-def forward(self, x):
-    return torch.relu(torch.linear(x, self.weight, self.bias))
-)");
-    top.register_module("l" + std::to_string(i), layer);
-  }
-  top.register_buffer("scale", torch::rand({dim}) + 0.5);
-  std::string code = "def forward(self, x):\n";
-  for (int i = 0; i < layers; ++i) code += "    x = self.l" + std::to_string(i) + ".forward(x)\n";
-  code += R"(    if bool(x.sum() > 0):
-        x = x * self.scale
-    else:
-        x = x - self.scale
-    return torch.matmul(x, self.l0.weight)
-)";
-  top.define(code);
-  return top;
-}
-
-struct stack_model {
-  temp_dir dir;
-  std::int64_t dim;
-  stack_model(int layers, std::int64_t dim_, std::string_view config = {}) : dim(dim_) {
-    auto m = make_stack(layers, dim);
-    torchloom_test::write_triton_model(dir / "m", m, config);
-  }
-  model_spec spec(std::map<std::string, std::string> options = {}) const {
-    auto s = model_spec::from_directory(dir / "m");
-    s.set(options);
-    return s;
-  }
-};
-
-std::map<std::string, std::string> budget(std::int64_t mb, int depth = 2) {
-  return {{"WEIGHT_OFFLOAD_BUDGET_MB", std::to_string(mb)},
-          {"WEIGHT_OFFLOAD_PREFETCH_DEPTH", std::to_string(depth)}};
-}
-
-// A random schedule: sizes of 1-16 alignment units, each released 1-4 fetches later, or, one
-// in six, at the end of the run (a weight used again at the end, a long-lived view).
-tld::weight_schedule random_schedule(std::mt19937& rng, std::size_t n) {
-  tld::weight_schedule s;
-  std::uniform_int_distribution<int> size(1, 16);
-  std::uniform_int_distribution<std::size_t> after(1, 4);
-  std::uniform_int_distribution<int> long_lived(0, 5);
-  for (std::size_t p = 0; p < n; ++p) {
-    s.bytes.push_back(size(rng) * tld::weight_alignment);
-    s.release.push_back(long_lived(rng) == 0 ? n : std::min(n, p + after(rng)));
-  }
-  return s;
-}
-
-// The smallest feasible arena, by trying every size.
-std::int64_t brute_force_minimum(const tld::weight_schedule& s) {
-  std::int64_t total = 0;
-  for (const auto b : s.bytes) total += b;
-  for (std::int64_t a = tld::weight_alignment; a < total; a += tld::weight_alignment) {
-    if (tld::plan_arena(s, a).feasible) return a;
-  }
-  return total;
-}
-
-// The property the arena must have, checked independently of plan_arena's own bookkeeping: at
-// each fetch x, x's bytes do not overlap those of any earlier position still in use (fetched
-// and not yet released by the time x is fetched), and x fits the arena.
-bool no_live_overlap(const tld::weight_schedule& s, const tld::arena_plan& plan) {
-  for (std::size_t x = 0; x < s.size(); ++x) {
-    if (plan.offset[x] < 0 || plan.offset[x] + s.bytes[x] > plan.arena_bytes) return false;
-    for (std::size_t q = 0; q < x; ++q) {
-      const bool live = s.release[q] > x;
-      const bool overlap = plan.offset[q] < plan.offset[x] + s.bytes[x] &&
-                           plan.offset[x] < plan.offset[q] + s.bytes[q];
-      if (live && overlap) return false;
-    }
-  }
-  return true;
-}
-
-// An independent check of wait_for and cross_wait: replays three runs of the schedule over the
-// arena's bytes (in units of weight_alignment), remembering each unit's latest occupant; a
-// position's copy must wait for the release of every occupant it overwrites, of its own run
-// (wait_for) or of the previous one (cross_wait; size() stands for that run's end).
-bool waits_cover_occupants(const tld::weight_schedule& s, const tld::arena_plan& plan) {
-  const auto u = tld::weight_alignment;
-  std::vector<std::pair<int, std::size_t>> owner(
-      static_cast<std::size_t>(plan.arena_bytes / u), {-1, 0});
-  for (int run = 0; run < 3; ++run) {
-    for (std::size_t x = 0; x < s.size(); ++x) {
-      const auto first = static_cast<std::size_t>(plan.offset[x] / u);
-      const auto last = static_cast<std::size_t>((plan.offset[x] + s.bytes[x]) / u);
-      for (std::size_t unit = first; unit < last; ++unit) {
-        const auto [r, q] = owner[unit];
-        owner[unit] = {run, x};
-        if (r < 0) continue;  // never written yet
-        const auto release = static_cast<std::ptrdiff_t>(s.release[q]);
-        if (r == run && plan.wait_for[x] < release) return false;
-        if (r == run - 1 && plan.cross_wait[x] < release) return false;
-        if (r < run - 1) return false;  // every run rewrites the same bytes
-      }
-    }
-  }
-  return true;
-}
-
-}  // namespace
-
-TEST_CASE("weight schedule: the ring keeps live weights apart and finds the minimum arena",
-          "[residency][streamed]") {
-  SECTION("a hand-worked schedule") {
-    // Two layers of (W: 4 units, b: 1 unit): W and b of a layer are released at the next
-    // layer's first fetch.
-    const auto u = tld::weight_alignment;
-    tld::weight_schedule s{{4 * u, u, 4 * u, u}, {2, 2, 4, 4}};
-    CHECK(tld::live_bytes_bound(s) == 5 * u);
-    CHECK(tld::minimum_arena(s) == 5 * u);
-    const auto plan = tld::plan_arena(s, 5 * u);
-    REQUIRE(plan.feasible);
-    CHECK(plan.offset == std::vector<std::int64_t>{0, 4 * u, 0, 4 * u});
-    // The second layer's copies reuse the first layer's bytes once they are released.
-    CHECK(plan.wait_for == std::vector<std::ptrdiff_t>{-1, -1, 2, 2});
-    // The next run's first layer overwrites the last layer's bytes, in use to the end (4);
-    // its second layer overwrites its own first layer's, not the previous run's.
-    CHECK(plan.cross_wait == std::vector<std::ptrdiff_t>{4, 4, -1, -1});
-    CHECK_FALSE(tld::plan_arena(s, 4 * u).feasible);
-    // With room for both layers nothing waits.
-    const auto roomy = tld::plan_arena(s, 10 * u);
-    CHECK(roomy.wait_for == std::vector<std::ptrdiff_t>{-1, -1, -1, -1});
-  }
-  SECTION("a weight held to the end of the run blocks the bytes it sits in, laps later") {
-    // 8 units released at 2; 2 units held to the end; eight of 4 units, each released at the
-    // next fetch; 2 units. In a ring of 10 the last one lands on the one held to the end.
-    const auto u = tld::weight_alignment;
-    tld::weight_schedule s{{8 * u, 2 * u}, {2, 11}};
-    for (std::size_t k = 0; k < 8; ++k) {
-      s.bytes.push_back(4 * u);
-      s.release.push_back(k + 3);
-    }
-    s.bytes.push_back(2 * u);
-    s.release.push_back(11);
-    CHECK(tld::live_bytes_bound(s) == 10 * u);
-    CHECK_FALSE(tld::plan_arena(s, 10 * u).feasible);
-    CHECK(tld::minimum_arena(s) == brute_force_minimum(s));
-  }
-  SECTION("random schedules") {
-    std::mt19937 rng(7);
-    for (int trial = 0; trial < 300; ++trial) {
-      const auto s = random_schedule(rng, 1 + trial % 40);
-      const auto minimum = tld::minimum_arena(s);
-      const auto plan = tld::plan_arena(s, minimum);
-      INFO("trial " << trial << ", minimum " << minimum);
-      REQUIRE(plan.feasible);
-      CHECK(no_live_overlap(s, plan));
-      CHECK(waits_cover_occupants(s, plan));
-      CHECK(minimum >= tld::live_bytes_bound(s));
-      CHECK(minimum == brute_force_minimum(s));
-      CHECK_FALSE(tld::plan_arena(s, tld::live_bytes_bound(s) - tld::weight_alignment)
-                      .feasible);
-      // Every arena the planner calls feasible keeps live weights apart.
-      for (auto arena = minimum; arena <= 2 * minimum; arena += tld::weight_alignment) {
-        const auto p = tld::plan_arena(s, arena);
-        if (p.feasible) CHECK((no_live_overlap(s, p) && waits_cover_occupants(s, p)));
-      }
-    }
-  }
-}
 
 TEST_CASE("streamed_weights: outputs bitwise equal to resident_weights, within the budget",
           "[residency][streamed]") {
@@ -369,25 +177,9 @@ TEST_CASE("streamed_weights: concurrent runs on one runner are serialised and co
   for (const int e : equal) CHECK(e == 32);
   CHECK(streamed.memory().budget_violations == 0);
 }
-
-TEST_CASE("mapped_weights: outputs bitwise equal to resident_weights", "[residency][mapped]") {
-  stack_model m(3, 128);
-  resident_runner resident(m.spec());
-  mapped_runner mapped(m.spec());
-  for (int run = 0; run < 4; ++run) {
-    const auto x = torch::randn({3, 128});
-    CHECK(torch::equal(mapped.run({x})[0], resident.run({x})[0]));
-  }
-  CHECK(resident.memory().device_bytes ==
-        3 * (128 * 128 + 128) * 4 + 128 * 4);  // CPU runner: its weights on its device
-}
-
 #if TORCHLOOM_HAS_CUDA
-namespace {
-std::int64_t allocated_on(int device) {
-  return c10::cuda::CUDACachingAllocator::getDeviceStats(device).allocated_bytes[0].current;
-}
-}  // namespace
+using torchloom_test::allocated_on;
+using torchloom_test::runner_with;
 
 TEMPLATE_TEST_CASE("streamed_weights on a GPU: weights 4x the budget, bitwise equal to resident",
                    "[residency][streamed][cuda]", torchloom::caller_stream,
@@ -421,27 +213,5 @@ TEMPLATE_TEST_CASE("streamed_weights on a GPU: weights 4x the budget, bitwise eq
   CHECK(mem.budget_violations == 0);
   CHECK(mem.host_bytes >= 8 * (1024 * 1024 * 4));
   CHECK(resident.memory().device_bytes == 8 * (1024 * 1024 + 1024) * 4 + 1024 * 4);
-}
-
-TEST_CASE("mapped_weights on a GPU: zero-copy weights, bitwise equal to resident",
-          "[residency][mapped][cuda]") {
-  TORCHLOOM_REQUIRE_CUDA();
-  const c10::Device gpu(c10::kCUDA, 0);
-  (void)torch::ones({1}, gpu);
-  stack_model m(4, 512);
-  resident_runner resident(m.spec(), gpu);
-  const auto before = allocated_on(0);
-  mapped_runner mapped(m.spec(), gpu);
-  CHECK(allocated_on(0) - before < (std::int64_t{1} << 20));  // no weight on the device
-  CHECK(mapped.memory().device_bytes == 0);
-  mapped_runner partly(m.spec({{"WEIGHT_OFFLOAD_BUDGET_MB", "2"}}), gpu);
-  // Layer 0's weight is read twice per forward: the most bytes, kept first; one more fits.
-  CHECK(partly.memory().device_bytes == 2 * 512 * 512 * 4);
-  for (int run = 0; run < 10; ++run) {
-    const auto x = torch::randn({8, 512}, gpu);
-    const auto want = resident.run({x})[0];
-    CHECK(torch::equal(mapped.run({x})[0], want));
-    CHECK(torch::equal(partly.run({x})[0], want));
-  }
 }
 #endif

@@ -8,6 +8,7 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 
 #include <atomic>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -32,6 +33,14 @@ struct linear_model {
   at::Tensor reference(const at::Tensor& x) const { return at::matmul(x, w.t()) + b; }
 };
 
+// A TorchScript model `name` whose code is `source`, saved as <t>/<name>.pt.
+model_spec scripted_model(const temp_dir& t, const std::string& name, const std::string& source) {
+  torch::jit::Module m(name);
+  m.define(source);
+  m.save((t / (name + ".pt")).string());
+  return model_spec::from_file(t / (name + ".pt"));
+}
+
 constexpr std::string_view declared_config = R"(
 name: "linear"
 max_batch_size: 8
@@ -55,13 +64,10 @@ TEST_CASE("run() returns the model's output", "[runner]") {
 TEST_CASE("tuple and list outputs are flattened and run_ivalue returns them as they are",
           "[runner]") {
   temp_dir t;
-  torch::jit::Module m("multi");
-  m.define(R"(
+  runner r(scripted_model(t, "multi", R"(
 def forward(self, x):
     return (x + 1, [x * 2, x * 3])
-)");
-  m.save((t / "multi.pt").string());
-  runner r(model_spec::from_file(t / "multi.pt"));
+)"));
   const auto x = torch::rand({2});
   const auto out = r.run({x});
   REQUIRE(out.size() == 3);
@@ -73,13 +79,10 @@ def forward(self, x):
 TEST_CASE("a non-tensor output is refused by run() with a pointer to run_ivalue()",
           "[runner]") {
   temp_dir t;
-  torch::jit::Module m("count");
-  m.define(R"(
+  runner r(scripted_model(t, "count", R"(
 def forward(self, x):
     return x.size(0)
-)");
-  m.save((t / "count.pt").string());
-  runner r(model_spec::from_file(t / "count.pt"));
+)"));
   CHECK_TORCHLOOM_ERROR(r.run({torch::rand({5})}), errc::unsupported, "model 'count'",
                         "run_ivalue");
   CHECK(r.run_ivalue({torch::rand({5})}).toInt() == 5);
@@ -137,13 +140,10 @@ input [ { name: "x" data_type: TYPE_FP32 dims: [ 8 ] }, { name: "y" data_type: T
 TEST_CASE("non-tensor arguments are checked against the schema and defaults may be left out",
           "[runner]") {
   temp_dir t;
-  torch::jit::Module m("scale");
-  m.define(R"(
+  runner r(scripted_model(t, "scale", R"(
 def forward(self, x, factor: float = 2.0):
     return x * factor
-)");
-  m.save((t / "scale.pt").string());
-  runner r(model_spec::from_file(t / "scale.pt"));
+)"));
   const auto x = torch::rand({3});
   CHECK(torch::allclose(r.run({x})[0], x * 2.0));
   CHECK(torch::allclose(r.run({x, 0.5})[0], x * 0.5));

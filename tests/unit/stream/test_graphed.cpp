@@ -6,6 +6,7 @@
 // concurrent callers get their own results.
 #include "../../support/aoti_fixtures.hpp"
 #include "../../support/fixtures.hpp"
+#include "../../support/streams.hpp"
 
 #include <torchloom/torchloom.hpp>
 
@@ -23,6 +24,7 @@
 
 using torchloom::graphed;
 using torchloom::model_spec;
+using torchloom_test::pool_cuda_stream;
 using torchloom_test::temp_dir;
 
 namespace {
@@ -86,10 +88,6 @@ at::Tensor input(std::int64_t batch, int seed, c10::Device device = gpu) {
 
 bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
   return a.sizes() == b.sizes() && a.dtype() == b.dtype() && torch::equal(a.cpu(), b.cpu());
-}
-
-c10::Stream side_stream() {
-  return c10::impl::getDeviceGuardImpl(gpu.type())->getStreamFromGlobalPool(gpu);
 }
 
 }  // namespace
@@ -290,28 +288,11 @@ TEMPLATE_TEST_CASE("CUDA: graphed outputs read on the caller's stream right afte
                    "[stream][graphs][cuda]", torchloom::caller_stream, torchloom::pool_stream,
                    torchloom::adaptive_stream) {
   TORCHLOOM_REQUIRE_CUDA();
-  temp_dir t;
-  auto module = torchloom_test::make_linear(256, 256);
-  torchloom_test::write_triton_model(t / "linear", module);
-  const at::Tensor w = module.attr("w").toTensor().cuda();
-  const at::Tensor b = module.attr("b").toTensor().cuda();
-  ts_runner<graphed<TestType>> r(model_spec::from_directory(t / "linear"), gpu);
-  // The caller works on a side stream, with a long kernel queued before each input is
-  // written: a replay that did not wait for the caller would copy the input in early, and a
-  // caller that did not wait for the replay would read the outputs early.
-  const c10::Stream side = side_stream();
-  c10::StreamGuard guard(side);
-  const auto slow = torch::rand({2048, 2048}, torch::kCUDA);
-  int wrong = 0;
-  for (int i = 0; i < 300; ++i) {
-    auto busy = at::matmul(slow, slow);
-    const auto x = torch::full({64, 256}, static_cast<float>(i % 97) / 97.0f, torch::kCUDA) +
-                   busy.narrow(0, 0, 64).narrow(1, 0, 256) * 0;
-    const auto out = r.run({x})[0];
-    const auto expected = at::matmul(x, w.t()) + b;  // on the caller's stream too
-    if (!torch::allclose(out, expected, 1e-3, 1e-3)) ++wrong;
-  }
-  CHECK(wrong == 0);
+  const torchloom_test::busy_caller check;
+  ts_runner<graphed<TestType>> r(check.spec(), gpu);
+  // A replay that did not wait for the caller would copy the input in early, and a caller
+  // that did not wait for the replay would read the outputs early.
+  CHECK(check.wrong_outputs(r, 300) == 0);
   CHECK(r.stream().stats().replays >= 290);
 }
 
@@ -373,7 +354,7 @@ TEMPLATE_TEST_CASE("CUDA: concurrent callers of one graphed runner get their own
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
       // Each caller on a stream of its own, as a server's threads are.
-      c10::StreamGuard guard(side_stream());
+      c10::StreamGuard guard(pool_cuda_stream());
       for (int i = 0; i < runs; ++i) {
         const auto out = g.run({inputs[static_cast<std::size_t>(t)]})[0];
         if (!torch::equal(out, expected[static_cast<std::size_t>(t)])) ++wrong;

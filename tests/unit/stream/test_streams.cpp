@@ -2,6 +2,7 @@
 // the policy promises (a custom op inside the model reports its current stream), and outputs
 // read on the caller's stream right after run() are correct.
 #include "../../support/fixtures.hpp"
+#include "../../support/streams.hpp"
 
 #include <torchloom/torchloom.hpp>
 
@@ -12,6 +13,8 @@
 #include <cstdint>
 
 using torchloom::model_spec;
+using torchloom_test::current_cuda_stream;
+using torchloom_test::pool_cuda_stream;
 using torchloom_test::temp_dir;
 
 namespace {
@@ -44,16 +47,6 @@ template <class Stream>
 std::int64_t stream_seen_by_model(runner<Stream>& r, const at::Tensor& x) {
   const auto out = r.run_ivalue({x}).toTuple();
   return out->elements()[1].toInt();
-}
-
-c10::Stream current_cuda_stream() {
-  const c10::Device d(c10::kCUDA, 0);
-  return c10::impl::getDeviceGuardImpl(d.type())->getStream(d);
-}
-
-c10::Stream pool_cuda_stream() {
-  const c10::Device d(c10::kCUDA, 0);
-  return c10::impl::getDeviceGuardImpl(d.type())->getStreamFromGlobalPool(d);
 }
 
 }  // namespace
@@ -109,25 +102,7 @@ TEMPLATE_TEST_CASE("CUDA: outputs read on the caller's stream right after run() 
                    "[stream][cuda]", torchloom::pool_stream, torchloom::adaptive_stream,
                    torchloom::caller_stream) {
   TORCHLOOM_REQUIRE_CUDA();
-  temp_dir t;
-  auto module = torchloom_test::make_linear(256, 256);
-  torchloom_test::write_triton_model(t / "linear", module);
-  const at::Tensor w = module.attr("w").toTensor().cuda();
-  const at::Tensor b = module.attr("b").toTensor().cuda();
-  runner<TestType> r(model_spec::from_directory(t / "linear"), c10::Device("cuda:0"));
-  // The caller works on a side stream, with a long kernel queued before each input is
-  // written: a runner stream that did not wait for the caller would read the input early.
-  const c10::Stream side = pool_cuda_stream();
-  c10::StreamGuard guard(side);
-  const auto slow = torch::rand({2048, 2048}, torch::kCUDA);
-  int wrong = 0;
-  for (int i = 0; i < 1000; ++i) {
-    auto busy = at::matmul(slow, slow);
-    const auto x = torch::full({64, 256}, static_cast<float>(i % 97) / 97.0f, torch::kCUDA) +
-                   busy.narrow(0, 0, 64).narrow(1, 0, 256) * 0;
-    const auto out = r.run({x})[0];
-    const auto expected = at::matmul(x, w.t()) + b;  // on the caller's stream too
-    if (!torch::allclose(out, expected, 1e-3, 1e-3)) ++wrong;
-  }
-  CHECK(wrong == 0);
+  const torchloom_test::busy_caller check;
+  runner<TestType> r(check.spec(), c10::Device("cuda:0"));
+  CHECK(check.wrong_outputs(r, 1000) == 0);
 }
