@@ -254,7 +254,7 @@ class model_runner {
     if constexpr (requires { weights_.memory(); }) {
       return weights_.memory();
     } else {
-      return detail::loaded_weight_memory(weights_.model(), core_.device());
+      return detail::loaded_weight_memory<Loader>(weights_.model(), core_.device());
     }
   }
 
@@ -330,7 +330,10 @@ class model_runner {
       c10::IValue out = f();
       core_.after_run();
       return out;
-    } catch (const error&) {
+    } catch (const error& e) {
+      // Raised where the model is not known (a loader's or a stream policy's call): named
+      // here.
+      if (e.model().empty()) throw error(e.code(), core_.name(), e.message());
       throw;
     } catch (const std::exception& e) {
       throw error(errc::run_failed, core_.name(),

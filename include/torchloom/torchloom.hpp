@@ -4,6 +4,7 @@
 #include <torchloom/concepts/loader.hpp>
 #include <torchloom/concepts/residency_policy.hpp>
 #include <torchloom/concepts/stream_policy.hpp>
+#include <torchloom/concepts/weight_access.hpp>
 #include <torchloom/error.hpp>
 #include <torchloom/hook/dlopen_hook.hpp>
 #include <torchloom/hook/no_hook.hpp>

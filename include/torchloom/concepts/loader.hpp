@@ -8,6 +8,7 @@
 
 #include <concepts>
 #include <filesystem>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -44,7 +45,12 @@ struct run_context {
 //! Optional: `l.run_tensors(model_type&, const std::vector<at::Tensor>&, const run_context&)
 //! -> std::vector<at::Tensor>` for a loader whose models take and return tensors natively
 //! (aoti_loader): model_runner::run_tensors then passes them straight through, unboxed.
-//! A loader is default-constructible and holds no per-model state.
+//! Optional: `L::load_key(const runner_options&) -> std::string` (static): the options that
+//! change what load() makes, as a string equal for options that load the same model
+//! (keyed_loader). shared_weights shares a loaded model between runners whose keys are equal;
+//! without it, only between runners whose options are all equal.
+//! A loader is default-constructible and holds no per-model state. What it lets residency
+//! policies do with its weights is a trait beside it: torchloom/concepts/weight_access.hpp.
 template <class L>
 concept loader =
     std::default_initializable<L> && requires { typename L::model_type; } &&
@@ -63,6 +69,12 @@ concept tensor_loader =
                           const std::vector<at::Tensor>& in, const run_context& rc) {
       { l.run_tensors(m, in, rc) } -> std::same_as<std::vector<at::Tensor>>;
     };
+
+//! A loader that says which options change what it loads (see above).
+template <class L>
+concept keyed_loader = loader<L> && requires(const runner_options& o) {
+  { L::load_key(o) } -> std::convertible_to<std::string>;
+};
 
 namespace detail {
 //! The least a loader can be; used to check residency policies in their own headers.

@@ -7,6 +7,8 @@
 #endif
 
 #include <torchloom/concepts/loader.hpp>
+#include <torchloom/cuda/check.hpp>
+#include <torchloom/cuda/event.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/detail/torch_error.hpp>
 #include <torchloom/error.hpp>
@@ -36,7 +38,6 @@
 #include <mutex>
 #include <optional>
 #include <type_traits>
-#include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -62,8 +63,8 @@ class graph_cache {
         buckets_(options.cuda_graph_batch_sizes),
         capture_on_run_stream_(capture_on_run_stream) {
     c10::cuda::CUDAGuard guard(device_);
-    check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
-    check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
+    done_ = event(model_);
+    ready_ = event(model_);
     if (!capture_on_run_stream_) {
       check(cudaStreamCreateWithFlags(&capture_stream_, cudaStreamNonBlocking),
             "cudaStreamCreate");
@@ -81,12 +82,10 @@ class graph_cache {
   ~graph_cache() {
     c10::cuda::CUDAGuard guard(device_);
     // The last replay may still run: its graph and buffers go only after it.
-    (void)cudaEventSynchronize(done_);
+    (void)cudaEventSynchronize(done_.get());
     entries_.clear();
     index_.clear();
     if (capture_stream_ != nullptr) (void)cudaStreamDestroy(capture_stream_);
-    (void)cudaEventDestroy(ready_);
-    (void)cudaEventDestroy(done_);
   }
 
   //! Runs `body` through `inner` (the wrapped stream policy): eagerly for a signature seen
@@ -241,7 +240,7 @@ class graph_cache {
       entry& victim = entries_.back();
       if (victim.graph) {
         // Its last replay may still run on the GPU: wait for it (rare: the LRU is full).
-        check(cudaEventSynchronize(done_), "cudaEventSynchronize");
+        check(cudaEventSynchronize(done_.get()), "cudaEventSynchronize");
         ++stats_.evictions;
       }
       index_.erase(victim.key);
@@ -300,8 +299,8 @@ class graph_cache {
         capture_on_run_stream_ ? run_stream
                                : c10::cuda::getStreamFromExternal(capture_stream_, device_.index());
     if (capture_stream != run_stream) {
-      check(cudaEventRecord(ready_, run_stream.stream()), "cudaEventRecord");
-      check(cudaStreamWaitEvent(capture_stream.stream(), ready_, 0), "cudaStreamWaitEvent");
+      check(cudaEventRecord(ready_.get(), run_stream.stream()), "cudaEventRecord");
+      check(cudaStreamWaitEvent(capture_stream.stream(), ready_.get(), 0), "cudaStreamWaitEvent");
     }
     auto graph = make_graph<at::cuda::CUDAGraph>();
     std::string why;
@@ -374,7 +373,7 @@ class graph_cache {
     c10::cuda::CUDAStreamGuard on_run(stream);
     // After the runner's previous replay, on whatever stream it ran: the pool and the static
     // buffers are this replay's alone.
-    check(cudaStreamWaitEvent(stream.stream(), done_, 0), "cudaStreamWaitEvent");
+    check(cudaStreamWaitEvent(stream.stream(), done_.get(), 0), "cudaStreamWaitEvent");
     c10::IValue out;
     if (!e.fused || !launch_fused(*e.fused, e, inputs, sig, stream.stream(), out)) {
       copy_in(e, inputs, sig, stream.stream());
@@ -385,7 +384,7 @@ class graph_cache {
         e.fused = fuse(e, inputs, sig, out);
       }
     }
-    check(cudaEventRecord(done_, stream.stream()), "cudaEventRecord");
+    check(cudaEventRecord(done_.get(), stream.stream()), "cudaEventRecord");
     ++stats_.replays;
     return out;
   }
@@ -634,19 +633,12 @@ class graph_cache {
   }
 
   void check(cudaError_t rc, const char* what) const {
-    if (rc == cudaSuccess) return;
-    (void)cudaGetLastError();
-    throw error(errc::cuda_error, model_,
-                detail::concat("graphed: ", what, " failed: ", cudaGetErrorString(rc)));
+    cuda::check(rc, model_, detail::concat("graphed: ", what));
   }
 
-  // For the static helpers, which have no model name: the runner wraps what they throw as
-  // run_failed with its name.
+  // For the static helpers, which have no model name: the runner adds it.
   static void check_static(cudaError_t rc, const char* what) {
-    if (rc == cudaSuccess) return;
-    (void)cudaGetLastError();
-    throw std::runtime_error(
-        detail::concat("graphed: ", what, " failed: ", cudaGetErrorString(rc)));
+    cuda::check(rc, "", detail::concat("graphed: ", what));
   }
 
   std::string model_;
@@ -655,8 +647,8 @@ class graph_cache {
   graph_batch_sizes buckets_;
   bool capture_on_run_stream_;
   at::cuda::MempoolId_t pool_{0, 0};
-  cudaEvent_t done_ = nullptr;
-  cudaEvent_t ready_ = nullptr;
+  event done_;
+  event ready_;
   cudaStream_t capture_stream_ = nullptr;
   mutable std::mutex mutex_;
   std::list<entry> entries_;  // most recently used first

@@ -6,6 +6,7 @@
     "torchloom/cuda/green_context.hpp needs CUDA: link torchloom::cuda (a CUDA toolkit and a CUDA build of torch)"
 #endif
 
+#include <torchloom/cuda/check.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
 
@@ -116,12 +117,8 @@ class sm_splitter {
       : model_(std::move(model)), device_(c10::kCUDA, index), api_(&green_driver_api::get()) {
     {
       const c10::cuda::CUDAGuard guard(index);
-      const cudaError_t e = ::cudaFree(nullptr);  // creates the primary context if needed
-      if (e != cudaSuccess) {
-        throw error(errc::cuda_error, model_,
-                    concat("cudaFree(0) failed on ", device_, ": ", ::cudaGetErrorName(e), " (",
-                           ::cudaGetErrorString(e), ")"));
-      }
+      // Creates the primary context if needed.
+      cuda::check(::cudaFree(nullptr), model_, concat("cudaFree(0) on ", device_));
     }
     check_driver(::cuInit(0), "cuInit", model_, device_);
     check_driver(::cuDeviceGet(&dev_, index), "cuDeviceGet", model_, device_);

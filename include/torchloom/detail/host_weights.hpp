@@ -10,8 +10,7 @@
 #include <ATen/ATen.h>
 
 #if TORCHLOOM_HAS_CUDA
-#include <c10/cuda/CUDAGuard.h>
-#include <cuda_runtime_api.h>
+#include <torchloom/cuda/pinned_memory.hpp>
 #endif
 
 #include <cstddef>
@@ -24,16 +23,6 @@
 #include <vector>
 
 namespace torchloom::detail {
-
-#if TORCHLOOM_HAS_CUDA
-//! Throws cuda_error naming `what` when `rc` is not cudaSuccess (and clears CUDA's sticky
-//! last error for it).
-inline void check_cuda(cudaError_t rc, const std::string& model, std::string_view what) {
-  if (rc == cudaSuccess) return;
-  (void)cudaGetLastError();
-  throw error(errc::cuda_error, model, concat(what, " failed: ", cudaGetErrorString(rc)));
-}
-#endif
 
 //! Refuses a CUDA device in a build without CUDA, for the residency policies that pin memory.
 inline void require_cuda_build(const std::string& model, c10::Device device,
@@ -97,20 +86,14 @@ inline host_weights pack_host_weights(std::vector<weight_read>& weights,
   bool registered = false;
 #if TORCHLOOM_HAS_CUDA
   if (pin) {
-    const c10::cuda::CUDAGuard on_device(device);
-    const cudaError_t rc = cudaHostRegister(raw, static_cast<std::size_t>(h.bytes),
-                                            cudaHostRegisterMapped | cudaHostRegisterPortable);
-    if (rc != cudaSuccess) std::free(raw);
-    check_cuda(rc, model, concat("cudaHostRegister of ", h.bytes, " bytes of weights"));
-    registered = true;
-    void* mapped_address = nullptr;
-    const cudaError_t mapped = cudaHostGetDevicePointer(&mapped_address, raw, 0);
-    if (mapped != cudaSuccess) {
-      (void)cudaHostUnregister(raw);
+    try {
+      h.device_pointer = cuda::pin_host_memory(raw, static_cast<std::size_t>(h.bytes), device,
+                                               model);
+    } catch (...) {
       std::free(raw);
+      throw;
     }
-    check_cuda(mapped, model, "cudaHostGetDevicePointer for the weights");
-    h.device_pointer = mapped_address;
+    registered = true;
   }
 #else
   if (pin) {
@@ -122,7 +105,7 @@ inline host_weights pack_host_weights(std::vector<weight_read>& weights,
   h.pinned = registered;
   h.buffer = std::shared_ptr<std::byte>(base, [registered](std::byte* p) {
 #if TORCHLOOM_HAS_CUDA
-    if (registered) (void)cudaHostUnregister(p);
+    if (registered) cuda::unpin_host_memory(p);
 #else
     (void)registered;
 #endif

@@ -12,13 +12,16 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #if TORCHLOOM_HAS_CUDA
+#include <torchloom/cuda/check.hpp>
+#include <torchloom/cuda/event.hpp>
+
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #endif
 
 #include <array>
+#include <cstddef>
 #include <optional>
-#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -84,32 +87,20 @@ inline c10::Stream thread_pool_stream(c10::Device device) {
 //! fence_events for CUDA, as plain CUDA events: recording them directly skips the device
 //! switches c10::Event makes around every record (T2 counts each microsecond).
 struct cuda_fence_events {
-  cudaEvent_t before = nullptr;
-  cudaEvent_t after = nullptr;
-  cuda_fence_events() = default;
-  cuda_fence_events(const cuda_fence_events&) = delete;
-  cuda_fence_events& operator=(const cuda_fence_events&) = delete;
-  ~cuda_fence_events() {
-    if (before != nullptr) (void)cudaEventDestroy(before);
-    if (after != nullptr) (void)cudaEventDestroy(after);
-  }
+  cuda::event before;
+  cuda::event after;
 
   //! The calling thread's pair for `device` (current when called), created on first use.
+  //! Throws cuda_error (without the model's name: the runner adds it).
   static cuda_fence_events& for_device(c10::DeviceIndex device) {
     constexpr std::size_t max_devices = 64;
     thread_local std::array<cuda_fence_events, max_devices> cache;
     auto& e = cache[static_cast<std::size_t>(device) % max_devices];
-    if (e.before == nullptr) {
-      check(cudaEventCreateWithFlags(&e.before, cudaEventDisableTiming), "cudaEventCreate");
-      check(cudaEventCreateWithFlags(&e.after, cudaEventDisableTiming), "cudaEventCreate");
+    if (!e.before) {
+      e.before = cuda::event("");
+      e.after = cuda::event("");
     }
     return e;
-  }
-
-  static void check(cudaError_t rc, const char* what) {
-    if (rc == cudaSuccess) return;
-    (void)cudaGetLastError();
-    throw std::runtime_error(concat(what, " failed: ", cudaGetErrorString(rc)));
   }
 };
 #endif
@@ -142,14 +133,14 @@ c10::IValue run_fenced(c10::Device device, c10::Stream work, const Inputs& input
     const cudaStream_t from = CUDAStream(CUDAStream::UNCHECKED, caller).stream();
     const cudaStream_t to = CUDAStream(CUDAStream::UNCHECKED, work).stream();
     auto& events = cuda_fence_events::for_device(device.index());
-    cuda_fence_events::check(cudaEventRecord(events.before, from), "cudaEventRecord");
-    cuda_fence_events::check(cudaStreamWaitEvent(to, events.before, 0), "cudaStreamWaitEvent");
+    cuda::check(cudaEventRecord(events.before.get(), from), "", "cudaEventRecord");
+    cuda::check(cudaStreamWaitEvent(to, events.before.get(), 0), "", "cudaStreamWaitEvent");
     {
       c10::StreamGuard stream_guard(work);
       out = std::forward<Body>(body)(run_context{device, work});
     }
-    cuda_fence_events::check(cudaEventRecord(events.after, to), "cudaEventRecord");
-    cuda_fence_events::check(cudaStreamWaitEvent(from, events.after, 0), "cudaStreamWaitEvent");
+    cuda::check(cudaEventRecord(events.after.get(), to), "", "cudaEventRecord");
+    cuda::check(cudaStreamWaitEvent(from, events.after.get(), 0), "", "cudaStreamWaitEvent");
   } else
 #endif
   {

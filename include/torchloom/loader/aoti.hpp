@@ -1,5 +1,6 @@
 #pragma once
 #include <torchloom/concepts/loader.hpp>
+#include <torchloom/concepts/weight_access.hpp>
 #include <torchloom/detail/aoti_metadata.hpp>
 #include <torchloom/detail/config.hpp>
 #include <torchloom/detail/strings.hpp>
@@ -24,6 +25,7 @@
 
 #include <algorithm>
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <exception>
 #include <filesystem>
@@ -31,7 +33,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <system_error>
 #include <type_traits>
@@ -280,10 +281,13 @@ struct aoti_loader {
       const std::string why = detail::torch_message(e);
       if (why.find("API call failed") == std::string::npos) throw;
       // The package's own error (an operator's message, say) does not reach here: AOTInductor
-      // logs it to stderr and returns a status. Say where to look.
-      throw std::runtime_error(detail::concat(
-          why, " (AOTInductor passes on only that the call failed; the error itself, such as "
-               "a custom operator's message, was logged to stderr)"));
+      // logs it to stderr and returns a status. Say where to look. The model's name is not
+      // known here: the runner adds it.
+      throw error(errc::run_failed, "",
+                  detail::concat("run failed: ", why,
+                                 " (AOTInductor passes on only that the call failed; the error "
+                                 "itself, such as a custom operator's message, was logged to "
+                                 "stderr)"));
     }
   }
 
@@ -367,6 +371,35 @@ struct aoti_loader {
 
 static_assert(loader<aoti_loader>);
 static_assert(tensor_loader<aoti_loader>);
+
+//! What the residency policies may do with an AOTInductor package's weights, for aoti_loader
+//! and every loader derived from it that keeps its model type: read its constants and
+//! replace them with tensors of the caller's (user-managed constants in the package's second
+//! constant buffer, which becomes the active one; the package's own copies are freed). See
+//! torchloom/concepts/weight_access.hpp.
+template <class Loader>
+  requires std::derived_from<Loader, aoti_loader> &&
+           std::same_as<typename Loader::model_type, aoti_model>
+struct weight_access<Loader> {
+  //! The package's active constants by name.
+  static std::unordered_map<std::string, at::Tensor> constants(aoti_model& m) {
+    return m.package->get_runner()->extract_constants_map(/*use_inactive=*/false);
+  }
+
+  //! Loads `replacement` (every constant, by name) into the inactive buffer as user-managed
+  //! constants (the package holds only their addresses), makes it the active one and frees
+  //! the other.
+  static void replace_constants(aoti_model& m,
+                                std::unordered_map<std::string, at::Tensor>& replacement) {
+    auto* runner = m.package->get_runner();
+    m.package->load_constants(replacement, /*use_inactive=*/true, /*check_full_update=*/true,
+                              /*user_managed=*/true);
+    runner->swap_constant_buffer();
+    runner->free_inactive_constant_buffer();
+  }
+};
+
+static_assert(swappable_constants<aoti_loader>);
 
 #else
 

@@ -1,9 +1,11 @@
 #pragma once
 #include <torchloom/concepts/loader.hpp>
+#include <torchloom/concepts/weight_access.hpp>
 #include <torchloom/detail/process_settings.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/detail/tensor_storage.hpp>
 #include <torchloom/detail/torch_error.hpp>
+#include <torchloom/detail/weight_graph.hpp>
 #include <torchloom/error.hpp>
 
 #include <torch/csrc/jit/passes/tensorexpr_fuser.h>
@@ -17,12 +19,15 @@
 #include <torch/script.h>
 
 #include <filesystem>
+#include <concepts>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -182,5 +187,54 @@ struct torchscript_loader {
 };
 
 static_assert(loader<torchscript_loader>);
+
+//! What the residency policies may do with a TorchScript module's weights, for
+//! torchscript_loader and every loader derived from it that keeps its model type: load it on
+//! the host, rewrite its forward's weight reads into fetches (torchloom/detail/weight_graph.hpp),
+//! run it without the graph executor's optimisation passes, and count its tensor attributes'
+//! bytes on a device. See torchloom/concepts/weight_access.hpp.
+template <class Loader>
+  requires std::derived_from<Loader, torchscript_loader> &&
+           std::same_as<typename Loader::model_type, torchscript_model>
+struct weight_access<Loader> {
+  //! Loads through `l` with a CPU device: the weights are never all on the device at once.
+  static torchscript_model load_on_host(const Loader& l, const load_context& ctx) {
+    return l.load(load_context{ctx.spec, ctx.file, c10::Device(c10::kCPU), ctx.graph_capture});
+  }
+
+  //! detail::rewrite_weight_reads on the module's forward.
+  static detail::weight_rewrite rewrite_weight_reads(torchscript_model& m,
+                                                     const detail::weight_source& source,
+                                                     const std::string& model) {
+    return detail::rewrite_weight_reads(m.module, source, model);
+  }
+
+  //! Every later run goes as with DISABLE_OPTIMIZED_EXECUTION (the loader's run() sets the
+  //! executor's switch per run).
+  static void run_unoptimised(torchscript_model& m) noexcept { m.optimized_execution = false; }
+
+  //! The executor's optimisation switch off on the calling thread (torch keeps it
+  //! thread-local) while it lives.
+  struct unoptimised_scope {
+    torch::jit::GraphOptimizerEnabledGuard guard{false};
+  };
+
+  //! The bytes of the module's tensor attributes on `device`, each storage once.
+  static std::int64_t device_bytes(const torchscript_model& m, c10::Device device) {
+    std::int64_t bytes = 0;
+    std::unordered_set<const void*> seen;
+    for (const auto& a : m.module.named_attributes(/*recurse=*/true)) {
+      if (!a.value.isTensor()) continue;
+      const auto& t = a.value.toTensor();
+      if (!t.defined() || !t.has_storage() || t.device() != device) continue;
+      if (seen.insert(t.storage().data_ptr().get()).second) {
+        bytes += static_cast<std::int64_t>(t.storage().nbytes());
+      }
+    }
+    return bytes;
+  }
+};
+
+static_assert(rewritable_weights<torchscript_loader> && measurable_weights<torchscript_loader>);
 
 }  // namespace torchloom

@@ -1,13 +1,12 @@
 #pragma once
 #include <torchloom/concepts/residency_policy.hpp>
+#include <torchloom/concepts/weight_access.hpp>
 #include <torchloom/detail/config.hpp>
 #include <torchloom/detail/host_weights.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/detail/torch_error.hpp>
 #include <torchloom/detail/weight_graph.hpp>
 #include <torchloom/error.hpp>
-#include <torchloom/loader/aoti.hpp>
-#include <torchloom/loader/torchscript.hpp>
 #include <torchloom/residency/weight_memory.hpp>
 
 #include <ATen/ATen.h>
@@ -74,18 +73,17 @@ class weight_map final : public weight_source {
 
   at::Tensor fetch(std::size_t position) override { return views_.at(position); }
 
-#if TORCHLOOM_TORCH_VERSION >= 20600
-  //! Moves an AOTInductor package's constants into pinned host memory mapped into the device,
-  //! but the `resident_budget` bytes of them that are largest (each is read once a run):
-  //! their copies are handed to the package as user-managed constants in its second
-  //! constant buffer, which becomes the active one; the package's own device copies are then
-  //! freed. The device holds all the weights once, briefly, at load.
-  void prepare_package(aoti_model& m, std::int64_t resident_budget) {
+  //! Moves a model's constants (an AOTInductor package's) into pinned host memory mapped
+  //! into the device, but the `resident_budget` bytes of them that are largest (each is read
+  //! once a run): their copies replace the model's constants through Access (a
+  //! weight_access with swappable constants), which frees the model's own device copies. The
+  //! device holds all the weights once, briefly, at load.
+  template <class Access, class Model>
+  void prepare_constants(Model& m, std::int64_t resident_budget) {
     budget_ = resident_budget;
     if (!device_.is_cuda()) return;  // a CPU package's constants are host memory already
     try {
-      auto* runner = m.package->get_runner();
-      const auto constants = runner->extract_constants_map(/*use_inactive=*/false);
+      const auto constants = Access::constants(m);
       std::vector<weight_read> reads;
       std::vector<std::string> names;
       for (const auto& [fqn, t] : constants) {
@@ -110,13 +108,10 @@ class weight_map final : public weight_source {
         } else {
           t = mapped_view(w);
         }
-        kept_.push_back(t);  // user-managed: the package holds only their addresses
+        kept_.push_back(t);  // user-managed: the model holds only their addresses
         replacement.emplace(names[w], t);
       }
-      m.package->load_constants(replacement, /*use_inactive=*/true, /*check_full_update=*/true,
-                                /*user_managed=*/true);
-      runner->swap_constant_buffer();
-      runner->free_inactive_constant_buffer();
+      Access::replace_constants(m, replacement);
     } catch (const error&) {
       throw;
     } catch (const std::exception& e) {
@@ -125,7 +120,6 @@ class weight_map final : public weight_source {
                          "memory: ", torch_message(e)));
     }
   }
-#endif
 
   weight_memory memory() const noexcept {
     weight_memory m;
@@ -164,28 +158,32 @@ class weight_map final : public weight_source {
 //! embeddings, rarely taken branches); a large matrix product reads its weights many times
 //! over and runs far slower than with the weights on the device.
 //!
-//! TorchScript models, through the same graph pass as streamed_weights (weight reads become
-//! fetches); a fetch costs no device work. Like streamed_weights, the forward runs without
-//! the graph executor's optimisation passes (they would fold weights into constants on the
-//! device). AOTInductor packages (LibTorch 2.6 and later): the package's constants are
-//! replaced by mapped ones (user-managed constants in its second constant buffer) and its
-//! device copies freed; the budget keeps the largest constants on the device; the device
-//! holds every weight once, briefly, while the package loads. run() may be called from
-//! several threads at once. On a CPU device the weights stay in host memory.
+//! Models whose weight reads can be rewritten (rewritable_weights: TorchScript's), through
+//! the same graph pass as streamed_weights (weight reads become fetches); a fetch costs no
+//! device work. Like streamed_weights, the forward runs without the graph executor's
+//! optimisation passes (they would fold weights into constants on the device). Models whose
+//! constants can be swapped (swappable_constants: AOTInductor packages, LibTorch 2.6 and
+//! later): the package's constants are replaced by mapped ones (user-managed constants in its
+//! second constant buffer) and its device copies freed; the budget keeps the largest
+//! constants on the device; the device holds every weight once, briefly, while the package
+//! loads. A static_assert refuses other loaders. run() may be called from several threads at
+//! once. On a CPU device the weights stay in host memory.
 struct mapped_weights {
   //! The option keys this policy reads (a runner without it refuses them).
   static constexpr std::string_view reads_options[] = {"WEIGHT_OFFLOAD_BUDGET_MB"};
   template <class Loader>
   class holder {
-    static constexpr bool torchscript = std::is_same_v<Loader, torchscript_loader>;
-#if TORCHLOOM_TORCH_VERSION >= 20600
-    static constexpr bool package = std::is_same_v<Loader, aoti_loader>;
-#else
-    static constexpr bool package = false;
-#endif
-    static_assert(torchscript || package,
-                  "torchloom: mapped_weights maps the weights of TorchScript models "
-                  "(torchscript_loader) and AOTInductor packages (aoti_loader)");
+    static constexpr bool rewritable = rewritable_weights<Loader>;
+    static constexpr bool swappable = swappable_constants<Loader>;
+    static_assert(rewritable || swappable,
+                  "torchloom: mapped_weights needs weight_access<Loader> with either "
+                  "load_on_host, rewrite_weight_reads, run_unoptimised and unoptimised_scope "
+                  "(models whose weight reads it can rewrite: TorchScript's loader and loaders "
+                  "derived from it) or constants and replace_constants (models whose constants "
+                  "it can swap: the AOTInductor loader and loaders derived from it); for a "
+                  "loader of your own, specialise torchloom::weight_access for it (see "
+                  "torchloom/concepts/weight_access.hpp)");
+    using access = weight_access<Loader>;
 
    public:
     holder(const Loader& l, const load_context& ctx)
@@ -193,18 +191,15 @@ struct mapped_weights {
       detail::require_cuda_build(ctx.spec.name, ctx.device, "mapped_weights");
       const auto& budget = ctx.spec.options.weight_offload_budget_mb;
       const std::int64_t resident = budget ? *budget * (std::int64_t{1} << 20) : 0;
-      if constexpr (torchscript) {
-        model_ =
-            l.load(load_context{ctx.spec, ctx.file, c10::Device(c10::kCPU), ctx.graph_capture});
+      if constexpr (rewritable) {
+        model_ = access::load_on_host(l, ctx);
         detail::weight_rewrite rewrite =
-            detail::rewrite_weight_reads(model_.module, *map_, ctx.spec.name);
+            access::rewrite_weight_reads(model_, *map_, ctx.spec.name);
         map_->prepare(rewrite, resident);
-        model_.optimized_execution = false;
-      } else {
-#if TORCHLOOM_TORCH_VERSION >= 20600
+        access::run_unoptimised(model_);
+      } else if constexpr (swappable) {
         model_ = l.load(ctx);
-        map_->prepare_package(model_, resident);
-#endif
+        map_->template prepare_constants<access>(model_, resident);
       }
     }
 
@@ -212,10 +207,10 @@ struct mapped_weights {
 
     template <class Body>
     c10::IValue execute(Body&& body) {
-      if constexpr (torchscript) {
+      if constexpr (rewritable) {
         // The optimisation passes would fold a fetch and what is computed from the weight
         // alone (a concatenation of weights) into a constant held on the device.
-        torch::jit::GraphOptimizerEnabledGuard no_optimization(false);
+        [[maybe_unused]] typename access::unoptimised_scope no_optimization;
         return std::forward<Body>(body)(model_);
       } else {
         return std::forward<Body>(body)(model_);
@@ -225,12 +220,13 @@ struct mapped_weights {
     weight_memory memory() const { return map_->memory(); }
 
    private:
-    // The model's graph holds the map's address (TorchScript), the package its constants'.
+    // The model's graph holds the map's address (rewritten reads), or the model its
+    // constants' (swapped constants).
     std::unique_ptr<detail::weight_map> map_;
     typename Loader::model_type model_;
   };
 };
 
-static_assert(residency_policy_for<mapped_weights, torchscript_loader>);
+static_assert(residency_policy_for<mapped_weights, detail::rewritable_loader_archetype>);
 
 }  // namespace torchloom

@@ -18,11 +18,11 @@ namespace torchloom {
 
 namespace detail {
 // What in the options changes the object a loader makes: the loader's own load_key() where
-// it has one, else every option (never shares what might differ).
+// it has one (keyed_loader), else every option (never shares what might differ).
 template <class Loader>
 std::string load_key_of(const runner_options& o) {
-  if constexpr (requires { Loader::load_key(o); }) {
-    return Loader::load_key(o);
+  if constexpr (keyed_loader<Loader>) {
+    return std::string(Loader::load_key(o));
   } else {
     return to_string(o);
   }

@@ -1,490 +1,20 @@
 #pragma once
 #include <torchloom/concepts/residency_policy.hpp>
-#include <torchloom/detail/config.hpp>
+#include <torchloom/concepts/weight_access.hpp>
 #include <torchloom/detail/host_weights.hpp>
-#include <torchloom/detail/strings.hpp>
 #include <torchloom/detail/weight_graph.hpp>
-#include <torchloom/detail/weight_schedule.hpp>
-#include <torchloom/error.hpp>
-#include <torchloom/loader/torchscript.hpp>
+#include <torchloom/detail/weight_stream.hpp>
 #include <torchloom/residency/weight_memory.hpp>
 
-#include <ATen/ATen.h>
-
-#if TORCHLOOM_HAS_CUDA
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime_api.h>
-#endif
-
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <mutex>
-#include <numeric>
 #include <optional>
-#include <string>
-#include <type_traits>
+#include <string_view>
 #include <utility>
-#include <vector>
 
 namespace torchloom {
-
-namespace detail {
-
-inline constexpr std::int64_t mib = std::int64_t{1} << 20;
-
-//! "3 MiB" for a byte count, rounded up to whole MiB (the unit of WEIGHT_OFFLOAD_BUDGET_MB).
-inline std::string mib_text(std::int64_t bytes) {
-  return concat((bytes + mib - 1) / mib, " MiB");
-}
-
-//! "7.01 MiB": a byte count in MiB with two decimals.
-inline std::string size_text(std::int64_t bytes) {
-  const std::int64_t hundredths = (bytes * 100 + mib / 2) / mib;
-  const std::int64_t frac = hundredths % 100;
-  return concat(hundredths / 100, '.', frac < 10 ? "0" : "", frac, " MiB");
-}
-
-#if TORCHLOOM_HAS_CUDA
-//! A CUDA event without timing, owned.
-class cuda_event {
- public:
-  cuda_event() = default;
-  explicit cuda_event(const std::string& model) {
-    check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), model,
-               "cudaEventCreateWithFlags");
-  }
-  cuda_event(cuda_event&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
-  cuda_event& operator=(cuda_event&& o) noexcept {
-    std::swap(event_, o.event_);
-    return *this;
-  }
-  cuda_event(const cuda_event&) = delete;
-  cuda_event& operator=(const cuda_event&) = delete;
-  ~cuda_event() {
-    if (event_ != nullptr) (void)cudaEventDestroy(event_);
-  }
-  cudaEvent_t get() const noexcept { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
-};
-#endif
-
-//! The run-time side of streamed_weights: the device arena, the copy stream and the events,
-//! and the fetch operator's implementation. One run at a time (the holder serialises runs).
-//!
-//! At the fetch of position h, on the host, in order:
-//!  1. record event E[h] on the compute stream, where a later copy waits for it: every
-//!     kernel that reads a position released at h is enqueued before it;
-//!  2. start the copies of the positions from the first one not yet copied up to h + depth
-//!     (and, for small weights, on to at least `granule` bytes ahead, so that small weights
-//!     travel in large copies), as long as their arena bytes are free by h: consecutive
-//!     positions that are consecutive in host memory and in the arena go as one copy; each
-//!     copy first waits for the E event of the positions whose bytes it overwrites, then
-//!     records its own event C;
-//!  3. make the compute stream wait for the C event of the copy that brought position h.
-//! At the end of the run an event END is recorded on the compute stream; the first copy of
-//! the next run waits for it. The host never waits.
-class weight_stream final : public weight_source {
- public:
-  //! Copies smaller than this are merged with the following ones where possible.
-  static constexpr std::int64_t granule = 8 * mib;
-
-  weight_stream(std::string model, c10::Device device)
-      : model_(std::move(model)), device_(device) {}
-  weight_stream(const weight_stream&) = delete;
-  weight_stream& operator=(const weight_stream&) = delete;
-  ~weight_stream() { drain(); }
-
-  //! Plans the arena for the rewritten forward and packs the weights into (pinned) host
-  //! memory. Throws invalid_option (no budget given), budget_too_small (naming the minimum),
-  //! cuda_error.
-  void prepare(weight_rewrite& rewrite, std::optional<std::int64_t> budget_mb, int depth) {
-    const std::size_t n = rewrite.position_weight.size();
-    position_weight_ = rewrite.position_weight;
-    for (const auto& w : rewrite.weights) names_.push_back(concat("'", w.name, "'"));
-    depth_ = static_cast<std::size_t>(depth);
-    // Host layout: each weight where it is first fetched, so that positions that follow one
-    // another are usually adjacent in host memory too.
-    std::vector<std::size_t> order;
-    std::vector<bool> placed(rewrite.weights.size(), false);
-    for (const std::size_t w : position_weight_) {
-      if (!placed[w]) order.push_back(w);
-      placed[w] = true;
-    }
-    for (std::size_t w = 0; w < rewrite.weights.size(); ++w) {
-      if (!placed[w]) order.push_back(w);  // read by nothing after dead-code elimination
-    }
-    std::vector<std::int64_t> span(rewrite.weights.size());
-    for (std::size_t w = 0; w < span.size(); ++w) {
-      const auto& t = rewrite.weights[w].tensor;
-      span[w] = static_cast<std::int64_t>(t.numel()) * static_cast<std::int64_t>(t.element_size());
-    }
-    schedule_.bytes.resize(n);
-    for (std::size_t p = 0; p < n; ++p) {
-      schedule_.bytes[p] =
-          align_up(std::max<std::int64_t>(span[position_weight_[p]], 1), weight_alignment);
-    }
-    schedule_.release = rewrite.release;
-    const std::int64_t total =
-        std::accumulate(schedule_.bytes.begin(), schedule_.bytes.end(), std::int64_t{0});
-    minimum_ = minimum_arena(schedule_, mib);  // budgets are whole MiB
-    const std::string sizes = concat("its ", n, " weight fetches per run move ",
-                                     size_text(total), "; the smallest arena their schedule "
-                                     "fits is ", size_text(minimum_));
-    if (!budget_mb && n == 0) budget_mb = 0;  // nothing to stream
-    if (!budget_mb) {
-      throw error(errc::invalid_option, model_,
-                  concat("streamed_weights needs WEIGHT_OFFLOAD_BUDGET_MB: set it to at least ",
-                         mib_text(minimum_), " (", sizes, ")"));
-    }
-    budget_ = *budget_mb * mib;
-    if (budget_ < minimum_) {
-      throw error(errc::budget_too_small, model_,
-                  concat("WEIGHT_OFFLOAD_BUDGET_MB=", *budget_mb, " is below what the schedule "
-                         "needs: at least ", mib_text(minimum_), " (", sizes, ")"));
-    }
-    // More than all of them at once is never used; a ring that happens not to fit is replaced
-    // by the minimum's, which does.
-    plan_ = plan_arena(schedule_, std::min(budget_, align_up(total, weight_alignment)));
-    if (!plan_.feasible) plan_ = plan_arena(schedule_, minimum_);
-    host_ = pack_host_weights(rewrite.weights, order, device_, model_);
-    host_offset_.resize(n);
-    for (std::size_t p = 0; p < n; ++p) host_offset_[p] = host_.offset[position_weight_[p]];
-    prefix_.assign(n + 1, 0);
-    for (std::size_t p = 0; p < n; ++p) prefix_[p + 1] = prefix_[p] + schedule_.bytes[p];
-    granule_end_.resize(n);
-    for (std::size_t h = 0, e = 0; h < n; ++h) {
-      e = std::max(e, h);
-      while (e + 1 < n && prefix_[e + 1] - prefix_[h + 1] < granule) ++e;
-      granule_end_[h] = e;
-    }
-    while (granule_start_ + 1 < n && prefix_[granule_start_ + 1] < granule) ++granule_start_;
-    records_.assign(n, false);
-    for (const auto& waits : {plan_.wait_for, plan_.cross_wait}) {
-      for (const auto w : waits) {
-        if (w >= 0 && static_cast<std::size_t>(w) < n) records_[static_cast<std::size_t>(w)] = true;
-      }
-    }
-    chunk_of_.assign(n, 0);
-    allocate_arena(rewrite);
-  }
-
-  at::Tensor fetch(std::size_t h) override {
-    if (h != next_ || h >= views_.size()) {
-      throw error(errc::run_failed, model_,
-                  concat("streamed_weights: fetch ", h, " out of order (expected ", next_,
-                         "); the forward graph no longer matches its schedule"));
-    }
-    if (device_.is_cuda()) {
-#if TORCHLOOM_HAS_CUDA
-      compute_ = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
-      if (records_[h]) check_cuda(cudaEventRecord(released_[h].get(), compute_), model_,
-                                  "cudaEventRecord (weights released)");
-#endif
-    }
-    if (const auto q = release_up_to(h)) {
-      throw error(errc::run_failed, model_,
-                  concat("streamed_weights: weight ", names_[position_weight_[*q]],
-                         " (fetch ", *q, ") is still referenced after the fetch that "
-                         "releases it (", h, "): an op returned it, or a view of it, without "
-                         "declaring the alias; nothing was overwritten"));
-    }
-    issue(static_cast<std::ptrdiff_t>(h));
-    if (device_.is_cuda()) {
-#if TORCHLOOM_HAS_CUDA
-      if (!waited_ || chunk_of_[h] != waited_chunk_) {
-        check_cuda(cudaStreamWaitEvent(compute_, copied_[chunk_of_[h]].get(), 0), model_,
-                   "cudaStreamWaitEvent (weights copied)");
-        waited_ = true;
-        waited_chunk_ = chunk_of_[h];
-      }
-#endif
-    }
-    ++next_;
-    return views_[h];
-  }
-
-  //! Before a run's first fetch.
-  void begin_run() noexcept {
-    next_ = 0;
-    waited_ = false;
-  }
-
-  //! After a run, also one that failed: orders the next run's copies after this run's work.
-  //! After a complete run, starts the next run's first copies (those whose bytes this run's
-  //! kernels are done with, or will be by the events they wait for), so that they overlap
-  //! this run's last kernels.
-  void end_run() noexcept {
-    bool complete = next_ == views_.size();
-    // Weights held to the run's end and still referenced: an output aliases them.
-    if (release_up_to(views_.size())) complete = false;
-#if TORCHLOOM_HAS_CUDA
-    if (device_.is_cuda() && next_ > 0) {
-      (void)cudaEventRecord(end_.get(), compute_);
-      ended_ = true;
-      if (complete) {
-        // The copies after a later failed run wait for this too: that run's END is on its
-        // own stream, which need not be ordered after this one's.
-        (void)cudaEventRecord(complete_end_.get(), compute_);
-        completed_ = true;
-      }
-    }
-#endif
-    previous_complete_ = complete;
-    frontier_ = 0;
-    copy_waited_ = -1;
-    end_waited_ = false;
-    live_.clear();
-    live_bytes_ = 0;
-    if (!complete || views_.empty()) return;
-    try {
-      issue(-1);
-    } catch (...) {
-      // A failed copy call: the next run's fetches start them again and report it.
-      frontier_ = 0;
-      live_.clear();
-      live_bytes_ = 0;
-    }
-  }
-
-  weight_memory memory() const noexcept {
-    weight_memory m;
-    m.device_bytes = device_.is_cuda() ? plan_.arena_bytes : 0;
-    m.high_water_bytes = high_water_;
-    m.budget_bytes = budget_;
-    m.host_bytes = host_.pinned ? host_.bytes : 0;
-    m.budget_violations = violations_;
-    m.copied_bytes = copied_total_;
-    return m;
-  }
-
-  std::int64_t minimum_budget_bytes() const noexcept { return minimum_; }
-  std::size_t positions() const noexcept { return views_.size(); }
-
- private:
-  void allocate_arena(const weight_rewrite& rewrite) {
-    const auto bytes_opts = at::TensorOptions().dtype(at::kByte).device(device_);
-    arena_ = at::empty({std::max<std::int64_t>(plan_.arena_bytes, 1)}, bytes_opts);
-    auto* base = static_cast<std::byte*>(arena_.data_ptr());
-    views_.resize(schedule_.size());
-    for (std::size_t p = 0; p < schedule_.size(); ++p) {
-      const at::Tensor& like = host_.views[position_weight_[p]];
-      views_[p] = at::from_blob(base + plan_.offset[p], like.sizes(), like.strides(),
-                                [keep = arena_](void*) {},
-                                at::TensorOptions().dtype(like.scalar_type()).device(device_));
-    }
-    (void)rewrite;
-#if TORCHLOOM_HAS_CUDA
-    if (device_.is_cuda()) {
-      const c10::cuda::CUDAGuard guard(device_);
-      check_cuda(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking), model_,
-                 "cudaStreamCreateWithFlags (copy stream)");
-      end_ = cuda_event(model_);
-      complete_end_ = cuda_event(model_);
-      copied_.reserve(schedule_.size());
-      released_.reserve(schedule_.size());
-      for (std::size_t p = 0; p < schedule_.size(); ++p) {
-        copied_.emplace_back(model_);
-        released_.emplace_back(model_);
-      }
-    }
-#endif
-  }
-
-  // Host bookkeeping: the positions released by the fetch of h (every position released by
-  // the run's end, for h == size()) are no longer live. A released weight that something
-  // still references (the tensor, or a view of its bytes) would be read after its bytes are
-  // overwritten: the release point was wrong (an op that returns its input without saying
-  // so). That is counted as a violation and returned, the first such weight's position.
-  std::optional<std::size_t> release_up_to(std::size_t h) noexcept {
-    std::optional<std::size_t> escaped;
-    std::erase_if(live_, [&](std::size_t q) {
-      if (schedule_.release[q] > h) return false;
-      live_bytes_ -= schedule_.bytes[q];
-      if (q < next_ && (views_[q].use_count() > 1 || views_[q].storage().use_count() > 1)) {
-        ++violations_;
-        if (!escaped) escaped = q;
-      }
-      return true;
-    });
-    return escaped;
-  }
-
-  // At the fetch of h (-1: at the end of the previous run, before this run's first fetch):
-  // starts the copies due by then whose bytes are free by then.
-  void issue(std::ptrdiff_t h) {
-    const std::size_t n = schedule_.size();
-    const auto first_ahead = static_cast<std::size_t>(h + 1);  // the positions after h
-    const auto depth = static_cast<std::ptrdiff_t>(depth_);
-    std::size_t end = std::min(n - 1, static_cast<std::size_t>(h + depth));
-    if (h < 0 && depth_ == 0) return;  // nothing to start ahead of the run
-    if (depth_ > 0 && first_ahead < n) {
-      // Enough in flight already: the depth is covered and at least half a granule ahead.
-      const std::int64_t ahead = prefix_[std::max(frontier_, first_ahead)] - prefix_[first_ahead];
-      if (frontier_ > end && ahead >= granule / 2) return;
-      end = std::max(end, h < 0 ? granule_start_ : granule_end_[static_cast<std::size_t>(h)]);
-    }
-    while (frontier_ <= end && frontier_ < n) {
-      const std::size_t x = frontier_;
-      if (plan_.wait_for[x] > h) break;  // bytes still in use
-      std::size_t y = x;
-      std::ptrdiff_t wait = plan_.wait_for[x];
-      std::ptrdiff_t cross = plan_.cross_wait[x];
-      // The copy that brings h itself, which h's kernels wait for now, takes on no wait later
-      // than its own: merging would hold them back for that too.
-      const bool needed_now = h >= 0 && x <= static_cast<std::size_t>(h);
-      while (y + 1 <= end) {
-        const std::size_t z = y + 1;
-        if (plan_.wait_for[z] > h) break;  // bytes still in use
-        if (needed_now && (plan_.wait_for[z] > wait || plan_.cross_wait[z] > cross)) break;
-        if (host_offset_[z] != host_offset_[y] + schedule_.bytes[y] ||
-            plan_.offset[z] != plan_.offset[y] + schedule_.bytes[y]) {
-          break;  // not adjacent in host memory or in the arena
-        }
-        y = z;
-        wait = std::max(wait, plan_.wait_for[y]);
-        cross = std::max(cross, plan_.cross_wait[y]);
-      }
-      copy(x, y, wait, cross);
-      frontier_ = y + 1;
-    }
-  }
-
-  // Copies positions x..y (adjacent in host memory and in the arena) in one go.
-  // `wait`: the latest release point of this run's positions whose bytes it overwrites;
-  // `cross`: the same for the previous run's (size(): its end), or -1.
-  void copy(std::size_t x, std::size_t y, std::ptrdiff_t wait, std::ptrdiff_t cross) {
-    std::int64_t bytes = 0;
-    for (std::size_t p = x; p <= y; ++p) {
-      // The debug counter: the bytes must not overlap any live position's.
-      const std::int64_t lo = plan_.offset[p];
-      const std::int64_t hi = lo + schedule_.bytes[p];
-      for (const std::size_t q : live_) {
-        if (plan_.offset[q] < hi && lo < plan_.offset[q] + schedule_.bytes[q]) ++violations_;
-      }
-      live_.push_back(p);
-      live_bytes_ += schedule_.bytes[p];
-      bytes += schedule_.bytes[p];
-      chunk_of_[p] = x;
-    }
-    if (live_bytes_ > budget_) ++violations_;
-    high_water_ = std::max(high_water_, live_bytes_);
-    // The last position's padding is not copied: the host buffer may end before it.
-    const std::int64_t last_span = host_.span[position_weight_[y]];
-    const std::int64_t length = bytes - schedule_.bytes[y] + last_span;
-    copied_total_ += length;
-    const auto* src = host_.buffer.get() + host_offset_[x];
-    auto* dst = static_cast<std::byte*>(arena_.data_ptr()) + plan_.offset[x];
-    if (length <= 0) return;
-    if (!device_.is_cuda()) {
-      std::memcpy(dst, src, static_cast<std::size_t>(length));
-      return;
-    }
-#if TORCHLOOM_HAS_CUDA
-    if (ended_ && cross >= 0) {
-      // The previous run's kernels that read these bytes: after a complete run, the event of
-      // the fetch that released them, recorded in that run (or re-recorded later in this
-      // one: later still); after a failed run, or for bytes held to its end, its end.
-      if (previous_complete_ && cross < static_cast<std::ptrdiff_t>(schedule_.size())) {
-        check_cuda(cudaStreamWaitEvent(copy_, released_[static_cast<std::size_t>(cross)].get(), 0),
-                   model_, "cudaStreamWaitEvent (weights released by the previous run)");
-      } else if (!end_waited_) {
-        check_cuda(cudaStreamWaitEvent(copy_, end_.get(), 0), model_,
-                   "cudaStreamWaitEvent (previous run)");
-        end_waited_ = true;
-      }
-    }
-    if (ended_ && !previous_complete_ && !end_waited_) {
-      check_cuda(cudaStreamWaitEvent(copy_, end_.get(), 0), model_,
-                 "cudaStreamWaitEvent (previous run)");
-      if (completed_) {
-        check_cuda(cudaStreamWaitEvent(copy_, complete_end_.get(), 0), model_,
-                   "cudaStreamWaitEvent (last complete run)");
-      }
-      end_waited_ = true;
-    }
-    if (wait >= 0 && wait + 1 > copy_waited_) {
-      check_cuda(cudaStreamWaitEvent(copy_, released_[static_cast<std::size_t>(wait)].get(), 0),
-                 model_, "cudaStreamWaitEvent (weights released)");
-      copy_waited_ = wait + 1;
-    }
-    check_cuda(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(length),
-                               cudaMemcpyHostToDevice, copy_),
-               model_, "cudaMemcpyAsync (weights to the device)");
-    check_cuda(cudaEventRecord(copied_[x].get(), copy_), model_,
-               "cudaEventRecord (weights copied)");
-#else
-    (void)wait;
-    (void)cross;
-#endif
-  }
-
-  // Waits for the device work that uses the arena and the host buffer, before they go.
-  void drain() noexcept {
-#if TORCHLOOM_HAS_CUDA
-    if (copy_ != nullptr) {
-      (void)cudaStreamSynchronize(copy_);
-      if (ended_) (void)cudaEventSynchronize(end_.get());
-      if (completed_) (void)cudaEventSynchronize(complete_end_.get());
-      (void)cudaStreamDestroy(copy_);
-      copy_ = nullptr;
-    }
-#endif
-  }
-
-  std::string model_;
-  c10::Device device_;
-  std::size_t depth_ = 0;
-  weight_schedule schedule_;
-  arena_plan plan_;
-  std::int64_t minimum_ = 0;
-  std::int64_t budget_ = 0;
-  std::vector<std::size_t> position_weight_;
-  std::vector<std::string> names_;  // per weight, quoted
-  host_weights host_;
-  std::vector<std::int64_t> host_offset_;  // per position
-  std::vector<std::int64_t> prefix_;       // prefix sums of schedule_.bytes
-  std::vector<std::size_t> granule_end_;   // per position
-  std::size_t granule_start_ = 0;          // granule_end_ for the start of a run
-  std::vector<bool> records_;              // per position: E is waited for by some copy
-  at::Tensor arena_;
-  std::vector<at::Tensor> views_;  // per position, over the arena
-
-  // Per run.
-  std::size_t next_ = 0;      // the position the next fetch must be
-  std::size_t frontier_ = 0;  // the first position not yet copied
-  std::ptrdiff_t copy_waited_ = -1;  // the copy stream waited for E[0..copy_waited_-1]
-  bool end_waited_ = false;          // the copy stream waited for the previous run's END
-  bool previous_complete_ = false;   // the previous run fetched every position
-  bool waited_ = false;
-  std::size_t waited_chunk_ = 0;
-  std::vector<std::size_t> chunk_of_;  // per position: the first position of its copy
-  std::vector<std::size_t> live_;
-  std::int64_t live_bytes_ = 0;
-
-  // Since load.
-  std::int64_t high_water_ = 0;
-  std::int64_t violations_ = 0;
-  std::int64_t copied_total_ = 0;
-
-#if TORCHLOOM_HAS_CUDA
-  cudaStream_t copy_ = nullptr;
-  cudaStream_t compute_ = nullptr;
-  cuda_event end_;           // END of the last run
-  cuda_event complete_end_;  // END of the last complete run
-  bool ended_ = false;
-  bool completed_ = false;
-  std::vector<cuda_event> copied_;    // C, per position that starts a copy
-  std::vector<cuda_event> released_;  // E, per position
-#endif
-};
-
-}  // namespace detail
 
 //! The weights live in pinned host memory; the device holds at most
 //! WEIGHT_OFFLOAD_BUDGET_MB of them at once, in one arena, while the model runs. At load, a
@@ -494,12 +24,13 @@ class weight_stream final : public weight_source {
 //! ordered with the compute stream by events both ways (no host synchronisation). Outputs are
 //! bitwise equal to resident_weights' (the same kernels read the same bytes).
 //!
-//! TorchScript only (a static_assert says so for other loaders). The forward runs without the
-//! graph executor's optimisation passes, which could reorder weight reads against the
-//! schedule. One run at a time per runner: the arena is the budget. A budget below the
-//! schedule's minimum is budget_too_small at load, naming the minimum; no budget at all is
-//! invalid_option. A model that writes into a weight or returns one is unsupported. On a CPU
-//! device the same schedule runs with plain memory copies (for tests).
+//! For loaders whose weight reads can be rewritten (rewritable_weights: TorchScript's; a
+//! static_assert says so for other loaders). The forward runs without the graph executor's
+//! optimisation passes, which could reorder weight reads against the schedule. One run at a
+//! time per runner: the arena is the budget. A budget below the schedule's minimum is
+//! budget_too_small at load, naming the minimum; no budget at all is invalid_option. A model
+//! that writes into a weight or returns one is unsupported. On a CPU device the same schedule
+//! runs with plain memory copies (for tests). The copy engine: torchloom/detail/weight_stream.hpp.
 struct streamed_weights {
   //! The option keys this policy reads (a runner without it refuses them).
   static constexpr std::string_view reads_options[] = {"WEIGHT_OFFLOAD_BUDGET_MB",
@@ -510,24 +41,30 @@ struct streamed_weights {
 
   template <class Loader>
   class holder {
-    static_assert(std::is_same_v<Loader, torchscript_loader>,
-                  "torchloom: streamed_weights streams the weights of TorchScript models "
-                  "(torchscript_loader); for AOTInductor packages use mapped_weights");
+    static_assert(rewritable_weights<Loader>,
+                  "torchloom: streamed_weights needs weight_access<Loader> with load_on_host, "
+                  "rewrite_weight_reads, run_unoptimised and unoptimised_scope: it streams the "
+                  "weights of models whose weight reads it can rewrite (TorchScript's loader and "
+                  "loaders derived from it have them; for AOTInductor packages use "
+                  "mapped_weights); for a loader of your own, specialise "
+                  "torchloom::weight_access for it (see torchloom/concepts/weight_access.hpp)");
+    using access = weight_access<Loader>;
 
    public:
     holder(const Loader& l, const load_context& ctx)
         : stream_(std::make_unique<detail::weight_stream>(ctx.spec.name, ctx.device)) {
       detail::require_cuda_build(ctx.spec.name, ctx.device, "streamed_weights");
-      // Loaded on the host: the weights must never all be on the device at once.
-      model_ =
-          l.load(load_context{ctx.spec, ctx.file, c10::Device(c10::kCPU), ctx.graph_capture});
-      detail::weight_rewrite rewrite =
-          detail::rewrite_weight_reads(model_.module, *stream_, ctx.spec.name);
-      const auto& opts = ctx.spec.options;
-      std::optional<std::int64_t> budget;
-      if (opts.weight_offload_budget_mb) budget = *opts.weight_offload_budget_mb;
-      stream_->prepare(rewrite, budget, opts.weight_offload_prefetch_depth);
-      model_.optimized_execution = false;
+      if constexpr (rewritable_weights<Loader>) {
+        // Loaded on the host: the weights must never all be on the device at once.
+        model_ = access::load_on_host(l, ctx);
+        detail::weight_rewrite rewrite =
+            access::rewrite_weight_reads(model_, *stream_, ctx.spec.name);
+        const auto& opts = ctx.spec.options;
+        std::optional<std::int64_t> budget;
+        if (opts.weight_offload_budget_mb) budget = *opts.weight_offload_budget_mb;
+        stream_->prepare(rewrite, budget, opts.weight_offload_prefetch_depth);
+        access::run_unoptimised(model_);
+      }
     }
 
     const typename Loader::model_type& model() const noexcept { return model_; }
@@ -536,7 +73,7 @@ struct streamed_weights {
     c10::IValue execute(Body&& body) {
       std::lock_guard lock(run_);
       // Graph-executor passes could move weight reads against the schedule.
-      torch::jit::GraphOptimizerEnabledGuard no_optimization(false);
+      [[maybe_unused]] unoptimised no_optimization;
       stream_->begin_run();
       struct end_run {
         detail::weight_stream& s;
@@ -556,6 +93,7 @@ struct streamed_weights {
     std::size_t fetches() const noexcept { return stream_->positions(); }
 
    private:
+    using unoptimised = typename detail::unoptimised_scope_of<Loader>::type;
     // The model's graph holds the stream's address: the stream goes after the model.
     std::unique_ptr<detail::weight_stream> stream_;
     typename Loader::model_type model_;
@@ -563,6 +101,6 @@ struct streamed_weights {
   };
 };
 
-static_assert(residency_policy_for<streamed_weights, torchscript_loader>);
+static_assert(residency_policy_for<streamed_weights, detail::rewritable_loader_archetype>);
 
 }  // namespace torchloom

@@ -1,8 +1,9 @@
 #pragma once
+#include <torchloom/concepts/weight_access.hpp>
+
 #include <c10/core/Device.h>
 
 #include <cstdint>
-#include <unordered_set>
 
 namespace torchloom {
 
@@ -29,24 +30,14 @@ struct weight_memory {
 };
 
 namespace detail {
-//! The memory of a model whose weights are where the loader put them: for a TorchScript
-//! module, its tensor attributes on `device` (each storage once); unknown for other models.
-template <class Model>
+//! The memory of a model whose weights are where the loader put them: the device bytes that
+//! weight_access<Loader> reports (measurable_weights), unknown for other loaders.
+template <class Loader, class Model>
 weight_memory loaded_weight_memory(const Model& m, c10::Device device) {
   weight_memory out;
-  if constexpr (requires { m.module.named_attributes(true); }) {
-    std::int64_t bytes = 0;
-    std::unordered_set<const void*> seen;
-    for (const auto& a : m.module.named_attributes(/*recurse=*/true)) {
-      if (!a.value.isTensor()) continue;
-      const auto& t = a.value.toTensor();
-      if (!t.defined() || !t.has_storage() || t.device() != device) continue;
-      if (seen.insert(t.storage().data_ptr().get()).second) {
-        bytes += static_cast<std::int64_t>(t.storage().nbytes());
-      }
-    }
-    out.device_bytes = bytes;
-    out.high_water_bytes = bytes;
+  if constexpr (measurable_weights<Loader>) {
+    out.device_bytes = weight_access<Loader>::device_bytes(m, device);
+    out.high_water_bytes = out.device_bytes;
   }
   return out;
 }
