@@ -125,17 +125,14 @@ class model_runner {
     return guarded([&] {
       // Inside: moving CPU inputs to the device can fail (out of memory).
       detail::check_inputs(core_.name(), core_.signature(), inputs, core_.device());
-      const auto run_on = [&](const run_context& rc, std::vector<c10::IValue>&& in) {
-        return weights_.execute([&](model_type& m) { return loader_.run(m, std::move(in), rc); });
-      };
-      // The second form lets an adaptor (graphed) run the model on buffers of its own.
-      return stream_.execute(
-          core_.device(), inputs,
-          detail::overloaded{
-              [&](const run_context& rc) { return run_on(rc, std::move(inputs)); },
-              [&](const run_context& rc, std::vector<c10::IValue> in) {
-                return run_on(rc, std::move(in));
-              }});
+      // One way: the inputs go to the stream policy, which hands them (or, graphed, buffers
+      // of its own) to the body, which hands them to the loader.
+      return stream_.execute(core_.device(), std::move(inputs),
+                             [this](const run_context& rc, std::vector<c10::IValue>&& in) {
+                               return weights_.execute([&](model_type& m) {
+                                 return loader_.run(m, std::move(in), rc);
+                               });
+                             });
     });
   }
 
@@ -147,36 +144,17 @@ class model_runner {
     if constexpr (!tensor_loader<Loader>) {
       return run(std::vector<c10::IValue>(inputs.begin(), inputs.end()));
     } else {
-      std::vector<at::Tensor> out;
-      guarded([&] {
+      return guarded([&] {
         const auto moved =
             detail::check_tensor_inputs(core_.name(), core_.signature(), inputs, core_.device());
-        const std::vector<at::Tensor>& in = moved ? *moved : inputs;
-        const auto run_on = [&](const run_context& rc, const std::vector<at::Tensor>& given) {
-          return weights_.execute([&](model_type& m) {
-            out = loader_.run_tensors(m, given, rc);
-            // What the stream policy sees of the outputs (to order them with the caller):
-            // one tensor needs no allocation.
-            return out.size() == 1 ? c10::IValue(out.front())
-                                   : c10::IValue(c10::ivalue::Tuple::create(
-                                         std::vector<c10::IValue>(out.begin(), out.end())));
-          });
-        };
-        c10::IValue result = stream_.execute(
-            core_.device(), in,
-            detail::overloaded{[&](const run_context& rc) { return run_on(rc, in); },
-                               [&](const run_context& rc, const std::vector<at::Tensor>& given) {
-                                 return run_on(rc, given);
-                               }});
-        // A policy that returns outputs of its own (graphed: copies of a replay's) does not
-        // hand back what the body produced.
-        if constexpr (detail::returns_own_outputs<Stream>) {
-          out.clear();
-          detail::flatten_tensors(core_.name(), result, out);
-        }
-        return result;
+        // Lent, not copied: the caller's tensors (or the moved ones) outlive the run.
+        return stream_.execute(core_.device(), lent_tensors(moved ? *moved : inputs),
+                               [this](const run_context& rc, lent_tensors&& in) {
+                                 return weights_.execute([&](model_type& m) {
+                                   return loader_.run_tensors(m, in.get(), rc);
+                                 });
+                               });
       });
-      return out;
     }
   }
 
@@ -319,15 +297,15 @@ class model_runner {
   }
 
   // Runs `f` under InferenceMode (or no-grad) and the after-run work; torch's exceptions
-  // become run_failed.
+  // become run_failed. Returns what `f` returns.
   template <class F>
-  c10::IValue guarded(F&& f) {
+  std::invoke_result_t<F&> guarded(F&& f) {
     try {
       // InferenceMode(false) would turn grad mode on: without it, run under no-grad.
       std::optional<c10::InferenceMode> inference;
       if (core_.options().inference_mode) inference.emplace();
       c10::AutoGradMode no_grad(false);
-      c10::IValue out = f();
+      std::invoke_result_t<F&> out = f();
       core_.after_run();
       return out;
     } catch (const error&) {

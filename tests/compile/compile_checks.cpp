@@ -40,3 +40,25 @@ static_assert(std::is_same_v<model_runner<torchscript_loader>::residency_type, r
 static_assert(!std::is_copy_constructible_v<model_runner<torchscript_loader>>);
 
 }  // namespace
+
+// A loader with a tensor path (as aoti_loader, which this LibTorch may not have): its runners'
+// run_tensors() lend tensors to the stream policy and get a tensor vector back.
+namespace compile_checks {
+
+struct tensor_path_loader {
+  struct model_type {};
+  static constexpr std::string_view default_filename = "model";
+  model_type load(const torchloom::load_context&) const;
+  torchloom::input_signature signature(const model_type&) const;
+  c10::IValue run(model_type&, std::vector<c10::IValue>&&, const torchloom::run_context&) const;
+  std::vector<at::Tensor> run_tensors(model_type&, const std::vector<at::Tensor>&,
+                                      const torchloom::run_context&) const;
+};
+
+}  // namespace compile_checks
+
+static_assert(torchloom::tensor_loader<compile_checks::tensor_path_loader>);
+template class torchloom::model_runner<compile_checks::tensor_path_loader, torchloom::no_hook,
+                                      torchloom::pool_stream>;
+template class torchloom::model_runner<compile_checks::tensor_path_loader, torchloom::no_hook,
+                                      torchloom::graphed<torchloom::adaptive_stream>>;
