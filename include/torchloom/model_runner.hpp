@@ -3,16 +3,21 @@
 #include <torchloom/concepts/loader.hpp>
 #include <torchloom/concepts/residency_policy.hpp>
 #include <torchloom/concepts/stream_policy.hpp>
+#include <torchloom/context.hpp>
 #include <torchloom/detail/config.hpp>
 #include <torchloom/detail/inputs.hpp>
+#include <torchloom/detail/op_libraries.hpp>
 #include <torchloom/detail/process_settings.hpp>
 #include <torchloom/detail/runner_core.hpp>
 #include <torchloom/detail/torch_error.hpp>
+#include <torchloom/detail/torch_settings.hpp>
+#include <torchloom/detail/warm_up.hpp>
 #include <torchloom/error.hpp>
 #include <torchloom/hook/no_hook.hpp>
 #include <torchloom/model_spec.hpp>
 #include <torchloom/residency/resident.hpp>
 #include <torchloom/residency/weight_memory.hpp>
+#include <torchloom/signature.hpp>
 #include <torchloom/stream/caller.hpp>
 
 #include <ATen/core/ivalue.h>
@@ -59,8 +64,10 @@ struct holder_of<false, Residency, Loader> {
 //!  - Hook: native init that runs before the model loads (no_hook, static_hook, dlopen_hook);
 //!  - Stream: on which CUDA stream it runs (caller_stream, pool_stream, ...);
 //!  - Residency: where the weights live (resident_weights, shared_weights, ...).
-//! Construction resolves the options, runs the hook, loads the model, places the weights and
-//! warms up; each step undoes the earlier ones when it fails. Destruction runs in reverse.
+//! Construction runs in steps: the options and the device, the process-wide torch settings,
+//! the op libraries, the hook, the stream policy, loading the model and placing its weights,
+//! the model's own device (KIND_MODEL), the inputs config.pbtxt declares, warm-up; each step
+//! undoes the earlier ones when it fails. Destruction runs in reverse.
 //! run() may be called from several threads at once. Not copyable or movable: a runner owns
 //! hook state and device resources; hold it in a std::unique_ptr to move it.
 template <class Loader, class Hook = no_hook, class Stream = caller_stream,
@@ -250,20 +257,28 @@ class model_runner {
   }
 
   struct construct_tag {};
-  // Every step's own errors are torchloom::error already; anything else that escapes a
-  // policy or torch (a c10::Error, std::bad_alloc) becomes load_failed naming the model.
-  // The members built so far are destroyed before the handler runs.
+  // Construction, one step per member and then three in the body; each member's constructor
+  // undoes itself when it fails, and the members built before it are destroyed (in reverse)
+  // before the handler runs. Every step's own errors are torchloom::error already; anything
+  // else that escapes a policy or torch (a c10::Error, std::bad_alloc) becomes load_failed
+  // naming the model.
   model_runner(construct_tag, std::string name, model_spec&& spec,
                std::optional<c10::Device> device) try
-      : core_(checked_spec(std::move(spec)), device),
-        hook_(core_.context()),
-        stream_(core_.context()),
-        weights_(loader_, load_context_for_stream()) {
+      : core_(checked_spec(std::move(spec)), device),  // the options and the device
+        settings_(core_.spec()),                       // process-wide torch settings
+        libraries_(core_.spec()),                      // OP_LIBRARIES
+        hook_(core_.context()),                        // the hook's init
+        stream_(core_.context()),                      // the stream policy's streams
+        weights_(loader_, load_context_for_stream()) {  // load, place the weights
     if constexpr (requires { loader_.model_device(weights_.model()); }) {
-      core_.adopt_model_device(loader_.model_device(weights_.model()));
+      core_.adopt_model_device(loader_.model_device(weights_.model()));  // KIND_MODEL
     }
-    core_.set_signature(loader_.signature(weights_.model()));
-    core_.warm_up([this](std::vector<c10::IValue> in) { run_ivalue(std::move(in)); });
+    input_signature sig = loader_.signature(weights_.model());
+    if (core_.spec().config) {
+      sig = detail::merge_config_inputs(std::move(sig), *core_.spec().config, core_.name());
+    }
+    core_.set_signature(std::move(sig));
+    detail::warm_up(core_, [this](std::vector<c10::IValue> in) { run_ivalue(std::move(in)); });
   } catch (const error&) {
     throw;
   } catch (const std::exception& e) {
@@ -317,6 +332,8 @@ class model_runner {
   }
 
   detail::runner_core core_;
+  detail::torch_settings settings_;
+  [[no_unique_address]] detail::model_op_libraries libraries_;
   [[no_unique_address]] Hook hook_;
   [[no_unique_address]] Stream stream_;
   [[no_unique_address]] Loader loader_{};

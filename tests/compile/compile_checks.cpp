@@ -27,11 +27,14 @@ static_assert(loader<aoti_loader>);
 static_assert(std::is_empty_v<aoti_loader>);
 #endif
 
-// What the runner must hold whatever its policies: the core and the loaded model.
+// What the runner must hold whatever its policies: the core, the process-wide settings it
+// claims and the loaded model.
 struct minimal_runner_state {
   torchloom::detail::runner_core core;
+  torchloom::detail::torch_settings settings;
   torchscript_loader::model_type model;
 };
+static_assert(std::is_empty_v<torchloom::detail::model_op_libraries>);
 static_assert(sizeof(model_runner<torchscript_loader>) == sizeof(minimal_runner_state),
               "empty policies must cost nothing in the runner");
 static_assert(std::is_same_v<model_runner<torchscript_loader>::hook_type, no_hook>);
