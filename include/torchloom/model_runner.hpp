@@ -3,16 +3,21 @@
 #include <torchloom/concepts/loader.hpp>
 #include <torchloom/concepts/residency_policy.hpp>
 #include <torchloom/concepts/stream_policy.hpp>
+#include <torchloom/context.hpp>
 #include <torchloom/detail/config.hpp>
 #include <torchloom/detail/inputs.hpp>
+#include <torchloom/detail/op_libraries.hpp>
 #include <torchloom/detail/process_settings.hpp>
 #include <torchloom/detail/runner_core.hpp>
 #include <torchloom/detail/torch_error.hpp>
+#include <torchloom/detail/torch_settings.hpp>
+#include <torchloom/detail/warm_up.hpp>
 #include <torchloom/error.hpp>
 #include <torchloom/hook/no_hook.hpp>
 #include <torchloom/model_spec.hpp>
 #include <torchloom/residency/resident.hpp>
 #include <torchloom/residency/weight_memory.hpp>
+#include <torchloom/signature.hpp>
 #include <torchloom/stream/caller.hpp>
 
 #include <ATen/core/ivalue.h>
@@ -59,8 +64,10 @@ struct holder_of<false, Residency, Loader> {
 //!  - Hook: native init that runs before the model loads (no_hook, static_hook, dlopen_hook);
 //!  - Stream: on which CUDA stream it runs (caller_stream, pool_stream, ...);
 //!  - Residency: where the weights live (resident_weights, shared_weights, ...).
-//! Construction resolves the options, runs the hook, loads the model, places the weights and
-//! warms up; each step undoes the earlier ones when it fails. Destruction runs in reverse.
+//! Construction runs in steps: the options and the device, the process-wide torch settings,
+//! the op libraries, the hook, the stream policy, loading the model and placing its weights,
+//! the model's own device (KIND_MODEL), the inputs config.pbtxt declares, warm-up; each step
+//! undoes the earlier ones when it fails. Destruction runs in reverse.
 //! run() may be called from several threads at once. Not copyable or movable: a runner owns
 //! hook state and device resources; hold it in a std::unique_ptr to move it.
 template <class Loader, class Hook = no_hook, class Stream = caller_stream,
@@ -125,17 +132,14 @@ class model_runner {
     return guarded([&] {
       // Inside: moving CPU inputs to the device can fail (out of memory).
       detail::check_inputs(core_.name(), core_.signature(), inputs, core_.device());
-      const auto run_on = [&](const run_context& rc, std::vector<c10::IValue>&& in) {
-        return weights_.execute([&](model_type& m) { return loader_.run(m, std::move(in), rc); });
-      };
-      // The second form lets an adaptor (graphed) run the model on buffers of its own.
-      return stream_.execute(
-          core_.device(), inputs,
-          detail::overloaded{
-              [&](const run_context& rc) { return run_on(rc, std::move(inputs)); },
-              [&](const run_context& rc, std::vector<c10::IValue> in) {
-                return run_on(rc, std::move(in));
-              }});
+      // One way: the inputs go to the stream policy, which hands them (or, graphed, buffers
+      // of its own) to the body, which hands them to the loader.
+      return stream_.execute(core_.device(), std::move(inputs),
+                             [this](const run_context& rc, std::vector<c10::IValue>&& in) {
+                               return weights_.execute([&](model_type& m) {
+                                 return loader_.run(m, std::move(in), rc);
+                               });
+                             });
     });
   }
 
@@ -147,36 +151,17 @@ class model_runner {
     if constexpr (!tensor_loader<Loader>) {
       return run(std::vector<c10::IValue>(inputs.begin(), inputs.end()));
     } else {
-      std::vector<at::Tensor> out;
-      guarded([&] {
+      return guarded([&] {
         const auto moved =
             detail::check_tensor_inputs(core_.name(), core_.signature(), inputs, core_.device());
-        const std::vector<at::Tensor>& in = moved ? *moved : inputs;
-        const auto run_on = [&](const run_context& rc, const std::vector<at::Tensor>& given) {
-          return weights_.execute([&](model_type& m) {
-            out = loader_.run_tensors(m, given, rc);
-            // What the stream policy sees of the outputs (to order them with the caller):
-            // one tensor needs no allocation.
-            return out.size() == 1 ? c10::IValue(out.front())
-                                   : c10::IValue(c10::ivalue::Tuple::create(
-                                         std::vector<c10::IValue>(out.begin(), out.end())));
-          });
-        };
-        c10::IValue result = stream_.execute(
-            core_.device(), in,
-            detail::overloaded{[&](const run_context& rc) { return run_on(rc, in); },
-                               [&](const run_context& rc, const std::vector<at::Tensor>& given) {
-                                 return run_on(rc, given);
-                               }});
-        // A policy that returns outputs of its own (graphed: copies of a replay's) does not
-        // hand back what the body produced.
-        if constexpr (detail::returns_own_outputs<Stream>) {
-          out.clear();
-          detail::flatten_tensors(core_.name(), result, out);
-        }
-        return result;
+        // Lent, not copied: the caller's tensors (or the moved ones) outlive the run.
+        return stream_.execute(core_.device(), lent_tensors(moved ? *moved : inputs),
+                               [this](const run_context& rc, lent_tensors&& in) {
+                                 return weights_.execute([&](model_type& m) {
+                                   return loader_.run_tensors(m, in.get(), rc);
+                                 });
+                               });
       });
-      return out;
     }
   }
 
@@ -272,20 +257,28 @@ class model_runner {
   }
 
   struct construct_tag {};
-  // Every step's own errors are torchloom::error already; anything else that escapes a
-  // policy or torch (a c10::Error, std::bad_alloc) becomes load_failed naming the model.
-  // The members built so far are destroyed before the handler runs.
+  // Construction, one step per member and then three in the body; each member's constructor
+  // undoes itself when it fails, and the members built before it are destroyed (in reverse)
+  // before the handler runs. Every step's own errors are torchloom::error already; anything
+  // else that escapes a policy or torch (a c10::Error, std::bad_alloc) becomes load_failed
+  // naming the model.
   model_runner(construct_tag, std::string name, model_spec&& spec,
                std::optional<c10::Device> device) try
-      : core_(checked_spec(std::move(spec)), device),
-        hook_(core_.context()),
-        stream_(core_.context()),
-        weights_(loader_, load_context_for_stream()) {
+      : core_(checked_spec(std::move(spec)), device),  // the options and the device
+        settings_(core_.spec()),                       // process-wide torch settings
+        libraries_(core_.spec()),                      // OP_LIBRARIES
+        hook_(core_.context()),                        // the hook's init
+        stream_(core_.context()),                      // the stream policy's streams
+        weights_(loader_, load_context_for_stream()) {  // load, place the weights
     if constexpr (requires { loader_.model_device(weights_.model()); }) {
-      core_.adopt_model_device(loader_.model_device(weights_.model()));
+      core_.adopt_model_device(loader_.model_device(weights_.model()));  // KIND_MODEL
     }
-    core_.set_signature(loader_.signature(weights_.model()));
-    core_.warm_up([this](std::vector<c10::IValue> in) { run_ivalue(std::move(in)); });
+    input_signature sig = loader_.signature(weights_.model());
+    if (core_.spec().config) {
+      sig = detail::merge_config_inputs(std::move(sig), *core_.spec().config, core_.name());
+    }
+    core_.set_signature(std::move(sig));
+    detail::warm_up(core_, [this](std::vector<c10::IValue> in) { run_ivalue(std::move(in)); });
   } catch (const error&) {
     throw;
   } catch (const std::exception& e) {
@@ -319,15 +312,15 @@ class model_runner {
   }
 
   // Runs `f` under InferenceMode (or no-grad) and the after-run work; torch's exceptions
-  // become run_failed.
+  // become run_failed. Returns what `f` returns.
   template <class F>
-  c10::IValue guarded(F&& f) {
+  std::invoke_result_t<F&> guarded(F&& f) {
     try {
       // InferenceMode(false) would turn grad mode on: without it, run under no-grad.
       std::optional<c10::InferenceMode> inference;
       if (core_.options().inference_mode) inference.emplace();
       c10::AutoGradMode no_grad(false);
-      c10::IValue out = f();
+      std::invoke_result_t<F&> out = f();
       core_.after_run();
       return out;
     } catch (const error& e) {
@@ -342,6 +335,8 @@ class model_runner {
   }
 
   detail::runner_core core_;
+  detail::torch_settings settings_;
+  [[no_unique_address]] detail::model_op_libraries libraries_;
   [[no_unique_address]] Hook hook_;
   [[no_unique_address]] Stream stream_;
   [[no_unique_address]] Loader loader_{};

@@ -294,14 +294,4 @@ struct model_spec {
   }
 };
 
-//! What a hook or a stream policy is told about the model being loaded. The references are
-//! valid for the duration of the call that receives the context.
-struct model_context {
-  const std::string& name;
-  const std::filesystem::path& directory;
-  c10::Device device;
-  const runner_options& options;
-  const std::filesystem::path& version_directory;  //!< holds the model file
-};
-
 }  // namespace torchloom

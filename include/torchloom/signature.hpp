@@ -1,10 +1,17 @@
 #pragma once
+#include <torchloom/detail/strings.hpp>
+#include <torchloom/error.hpp>
+#include <torchloom/triton_config.hpp>
+
 #include <ATen/core/jit_type.h>
 #include <c10/core/ScalarType.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace torchloom {
@@ -23,5 +30,52 @@ struct input_spec {
 
 //! A model's inputs, in call order.
 using input_signature = std::vector<input_spec>;
+
+namespace detail {
+
+//! A runner's construction step: the loader's signature `sig` with what `cfg` (the model's
+//! config.pbtxt) declares added (dtype, dims, and the batch dimension when max_batch_size >
+//! 0), matching inputs by name, then by Triton's `NAME__<index>` convention, then by
+//! position. Throws invalid_option naming a declared input the model does not have.
+inline input_signature merge_config_inputs(input_signature sig, const triton_config& cfg,
+                                           const std::string& model) {
+  for (std::size_t i = 0; i < cfg.inputs.size(); ++i) {
+    const auto& decl = cfg.inputs[i];
+    input_spec* target = nullptr;
+    for (auto& s : sig) {
+      if (s.name == decl.name) target = &s;
+    }
+    if (!target) {
+      auto pos = decl.name.rfind("__");
+      if (pos != std::string::npos) {
+        std::size_t idx = 0;
+        try {
+          idx = std::stoul(decl.name.substr(pos + 2));
+        } catch (const std::exception&) {
+          idx = sig.size();
+        }
+        if (idx < sig.size()) target = &sig[idx];
+      }
+    }
+    if (!target && cfg.inputs.size() == sig.size()) target = &sig[i];
+    if (!target) {
+      throw error(errc::invalid_option, model,
+                  concat("config.pbtxt declares input '", decl.name,
+                         "', which the model does not have"));
+    }
+    if (decl.dtype) target->dtype = decl.dtype;
+    std::vector<std::int64_t> shape;
+    if (cfg.max_batch_size > 0) {
+      shape.push_back(-1);
+      target->max_batch_size = cfg.max_batch_size;
+    }
+    shape.insert(shape.end(), decl.dims.begin(), decl.dims.end());
+    if (!decl.dims.empty() || cfg.max_batch_size > 0) target->shape = std::move(shape);
+    if (target->name.empty()) target->name = decl.name;
+  }
+  return sig;
+}
+
+}  // namespace detail
 
 }  // namespace torchloom

@@ -50,11 +50,14 @@ static_assert(residency_policy_for<mapped_weights, derived_aoti_loader>);
 static_assert(keyed_loader<torchscript_loader> && keyed_loader<derived_torchscript_loader>);
 static_assert(!keyed_loader<torchloom::detail::loader_archetype>);
 
-// What the runner must hold whatever its policies: the core and the loaded model.
+// What the runner must hold whatever its policies: the core, the process-wide settings it
+// claims and the loaded model.
 struct minimal_runner_state {
   torchloom::detail::runner_core core;
+  torchloom::detail::torch_settings settings;
   torchscript_loader::model_type model;
 };
+static_assert(std::is_empty_v<torchloom::detail::model_op_libraries>);
 static_assert(sizeof(model_runner<torchscript_loader>) == sizeof(minimal_runner_state),
               "empty policies must cost nothing in the runner");
 static_assert(std::is_same_v<model_runner<torchscript_loader>::hook_type, no_hook>);
@@ -63,3 +66,25 @@ static_assert(std::is_same_v<model_runner<torchscript_loader>::residency_type, r
 static_assert(!std::is_copy_constructible_v<model_runner<torchscript_loader>>);
 
 }  // namespace
+
+// A loader with a tensor path (as aoti_loader, which this LibTorch may not have): its runners'
+// run_tensors() lend tensors to the stream policy and get a tensor vector back.
+namespace compile_checks {
+
+struct tensor_path_loader {
+  struct model_type {};
+  static constexpr std::string_view default_filename = "model";
+  model_type load(const torchloom::load_context&) const;
+  torchloom::input_signature signature(const model_type&) const;
+  c10::IValue run(model_type&, std::vector<c10::IValue>&&, const torchloom::run_context&) const;
+  std::vector<at::Tensor> run_tensors(model_type&, const std::vector<at::Tensor>&,
+                                      const torchloom::run_context&) const;
+};
+
+}  // namespace compile_checks
+
+static_assert(torchloom::tensor_loader<compile_checks::tensor_path_loader>);
+template class torchloom::model_runner<compile_checks::tensor_path_loader, torchloom::no_hook,
+                                      torchloom::pool_stream>;
+template class torchloom::model_runner<compile_checks::tensor_path_loader, torchloom::no_hook,
+                                      torchloom::graphed<torchloom::adaptive_stream>>;

@@ -6,6 +6,18 @@
 
 namespace tl = torchloom;
 
+// A loader with a tensor path (as aoti_loader, which this LibTorch may not have): its runners'
+// run_tensors() lend tensors to the stream policy and get a tensor vector back.
+struct tensor_path_loader {
+  struct model_type {};
+  static constexpr std::string_view default_filename = "model";
+  model_type load(const tl::load_context&) const;
+  tl::input_signature signature(const model_type&) const;
+  c10::IValue run(model_type&, std::vector<c10::IValue>&&, const tl::run_context&) const;
+  std::vector<at::Tensor> run_tensors(model_type&, const std::vector<at::Tensor>&,
+                                      const tl::run_context&) const;
+};
+
 template class tl::model_runner<tl::torchscript_loader, tl::no_hook, tl::pool_stream,
                                 tl::streamed_weights>;
 template class tl::model_runner<tl::torchscript_loader, tl::no_hook, tl::adaptive_stream,
@@ -16,3 +28,6 @@ template class tl::model_runner<tl::torchscript_loader, tl::no_hook,
                                 tl::graphed<tl::green_context_stream>, tl::mapped_weights>;
 template class tl::model_runner<tl::torchscript_loader, tl::no_hook, tl::graphed<tl::pool_stream>,
                                 tl::resident_weights>;
+template class tl::model_runner<tensor_path_loader, tl::no_hook, tl::graphed<tl::pool_stream>>;
+template class tl::model_runner<tensor_path_loader, tl::no_hook, tl::green_context_stream>;
+template class tl::model_runner<tensor_path_loader, tl::no_hook, tl::adaptive_stream>;

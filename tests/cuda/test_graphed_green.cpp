@@ -63,14 +63,11 @@ TEST_CASE("graphed<green_context_stream>: replayed kernels run only on the parti
   const at::Tensor mine = torch::full({blocks}, -1, torch::dtype(torch::kInt32).device(gpu));
   std::set<unsigned> replayed;
   for (int i = 0; i < 5; ++i) {
-    const std::vector<c10::IValue> inputs{torch::full_like(mine, -1)};
     const c10::IValue out = policy.execute(
-        gpu, inputs,
-        torchloom::detail::overloaded{
-            [&](const torchloom::run_context& rc) { return launch(rc, inputs[0].toTensor()); },
-            [&](const torchloom::run_context& rc, std::vector<c10::IValue> in) {
-              return launch(rc, in[0].toTensor());
-            }});
+        gpu, std::vector<c10::IValue>{torch::full_like(mine, -1)},
+        [&](const torchloom::run_context& rc, std::vector<c10::IValue>&& in) {
+          return launch(rc, in[0].toTensor());
+        });
     if (i >= torchloom::graph_eager_runs_before_capture) {
       const auto ids = sm_set(out.toTensor());
       replayed.insert(ids.begin(), ids.end());
@@ -90,14 +87,11 @@ TEST_CASE("graphed<green_context_stream>: replayed kernels run only on the parti
       spec.name, spec.directory, gpu, spec.options, spec.version_directory});
   std::set<unsigned> wide;
   for (int i = 0; i < 4; ++i) {
-    const std::vector<c10::IValue> inputs{torch::full_like(mine, -1)};
     const c10::IValue out = plain.execute(
-        gpu, inputs,
-        torchloom::detail::overloaded{
-            [&](const torchloom::run_context& rc) { return launch(rc, inputs[0].toTensor()); },
-            [&](const torchloom::run_context& rc, std::vector<c10::IValue> in) {
-              return launch(rc, in[0].toTensor());
-            }});
+        gpu, std::vector<c10::IValue>{torch::full_like(mine, -1)},
+        [&](const torchloom::run_context& rc, std::vector<c10::IValue>&& in) {
+          return launch(rc, in[0].toTensor());
+        });
     const auto ids = sm_set(out.toTensor());
     wide.insert(ids.begin(), ids.end());
   }

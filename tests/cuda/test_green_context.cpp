@@ -104,8 +104,8 @@ template <class Policy>
 std::set<unsigned> sms_used_through(Policy& policy, int blocks) {
   const at::Tensor out = smid_buffer(blocks);
   const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(0);
-  const std::vector<c10::IValue> inputs{out};
-  policy.execute(gpu, inputs, [&](const torchloom::run_context& rc) {
+  policy.execute(gpu, std::vector<c10::IValue>{out}, [&](const torchloom::run_context& rc,
+                                                         std::vector<c10::IValue>&&) {
     CHECK(rc.stream != caller.unwrap());
     CHECK(rc.stream == c10::cuda::getCurrentCUDAStream(0).unwrap());  // current during the body
     launch_smid_kernel(reinterpret_cast<unsigned*>(out.data_ptr<int>()), blocks,

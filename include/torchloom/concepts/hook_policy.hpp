@@ -1,5 +1,5 @@
 #pragma once
-#include <torchloom/model_spec.hpp>
+#include <torchloom/context.hpp>
 
 #include <concepts>
 #include <type_traits>

@@ -1,4 +1,5 @@
 #pragma once
+#include <torchloom/context.hpp>
 #include <torchloom/model_spec.hpp>
 #include <torchloom/signature.hpp>
 
@@ -16,23 +17,6 @@
 
 namespace torchloom {
 
-//! What a loader is given to load a model.
-struct load_context {
-  const model_spec& spec;
-  std::filesystem::path file;  //!< the model file, resolved
-  c10::Device device;
-  //! The runner's stream policy captures runs into CUDA graphs (graphed<Stream>): a loader
-  //! whose runtime keeps per-run state that a capture would break loads the model so that
-  //! it can be captured (aoti_loader: torch's single-threaded package runner).
-  bool graph_capture = false;
-};
-
-//! What a loader is given for one run: the device and the stream the stream policy chose.
-struct run_context {
-  c10::Device device;
-  c10::Stream stream;
-};
-
 //! A loader turns a model file into something callable. Required:
 //!  - `typename L::model_type`: the loaded model (owns it; destroyed to unload);
 //!  - `L::default_filename`: the file name in a Triton version directory ("model.pt");
@@ -41,10 +25,12 @@ struct run_context {
 //!  - `l.signature(const model_type&) -> input_signature`: the declared inputs;
 //!  - `l.run(model_type&, std::vector<c10::IValue>&&, const run_context&) -> c10::IValue`:
 //!    may be called from several threads at once; inputs are already validated and on the
-//!    device.
+//!    device. Runs the model on `rc.stream` of `rc.device`: the loader makes that stream
+//!    current itself (or hands it to its runtime), whatever stream is current when called.
 //! Optional: `l.run_tensors(model_type&, const std::vector<at::Tensor>&, const run_context&)
 //! -> std::vector<at::Tensor>` for a loader whose models take and return tensors natively
-//! (aoti_loader): model_runner::run_tensors then passes them straight through, unboxed.
+//! (aoti_loader): model_runner::run_tensors then passes them straight through, unboxed; it
+//! runs on `rc.stream` as run() does.
 //! Optional: `L::load_key(const runner_options&) -> std::string` (static): the options that
 //! change what load() makes, as a string equal for options that load the same model
 //! (keyed_loader). shared_weights shares a loaded model between runners whose keys are equal;

@@ -1,18 +1,22 @@
 #pragma once
 #include <torchloom/concepts/loader.hpp>
+#include <torchloom/context.hpp>
 
+#include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
 #include <concepts>
 #include <type_traits>
+#include <vector>
 
 namespace torchloom {
 
 namespace detail {
-//! Stands for the runner's body in the concept check: runs a loaded model.
-template <class Model>
+//! Stands for the runner's body in the concept check: runs a loaded model and returns
+//! `Result`.
+template <class Model, class Result>
 struct model_body_archetype {
-  c10::IValue operator()(Model&) const;
+  Result operator()(Model&) const;
 };
 
 //! Whether a run under residency policy R may be captured into a CUDA graph and replayed
@@ -27,8 +31,9 @@ inline constexpr bool graph_capturable = !requires {
 //!  - `typename R::template holder<L>`, constructible from `(const L&, const load_context&)`:
 //!    loads (or finds) the model and places its weights; throws torchloom::error;
 //!  - `h.model() -> const L::model_type&`: the loaded model (for its signature);
-//!  - `h.execute(Body&& body) -> c10::IValue`: calls `body(L::model_type&)` with the weights
-//!    where the model expects them. Called from several threads at once.
+//!  - `h.execute(Body&& body)`: calls `body(L::model_type&)` with the weights where the model
+//!    expects them and returns what the body returns (`c10::IValue` for run_ivalue(),
+//!    `std::vector<at::Tensor>` for run_tensors()). Called from several threads at once.
 template <class R, class L>
 concept residency_policy_for =
     loader<L> && requires { typename R::template holder<L>; } &&
@@ -36,8 +41,11 @@ concept residency_policy_for =
     requires(typename R::template holder<L>& h) {
       { std::as_const(h).model() } -> std::same_as<const typename L::model_type&>;
       {
-        h.execute(detail::model_body_archetype<typename L::model_type>{})
+        h.execute(detail::model_body_archetype<typename L::model_type, c10::IValue>{})
       } -> std::same_as<c10::IValue>;
+      {
+        h.execute(detail::model_body_archetype<typename L::model_type, std::vector<at::Tensor>>{})
+      } -> std::same_as<std::vector<at::Tensor>>;
     };
 
 }  // namespace torchloom

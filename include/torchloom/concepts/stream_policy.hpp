@@ -1,34 +1,34 @@
 #pragma once
-#include <torchloom/concepts/loader.hpp>
-#include <torchloom/model_spec.hpp>
+#include <torchloom/context.hpp>
 
+#include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/Device.h>
 
 #include <concepts>
+#include <functional>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace torchloom {
 
+//! run_tensors()'s inputs as a stream policy receives them: the caller's tensors, lent for the
+//! whole call (alive until execute() returns). The loader only reads them, so the runner
+//! hands on a reference rather than a copy, which would cost an allocation per call.
+using lent_tensors = std::reference_wrapper<const std::vector<at::Tensor>>;
+
 namespace detail {
-//! Stands for the runner's body in the concept check: runs the model on a run_context.
+//! Stands for the runner's body in the concept check: runs the model on the inputs it is
+//! handed (an rvalue: the body consumes them) and returns `Result`.
+template <class Inputs, class Result>
 struct run_body_archetype {
-  c10::IValue operator()(const run_context&) const;
-  c10::IValue operator()(const run_context&, std::vector<c10::IValue>) const;
+  Result operator()(const run_context&, Inputs&&) const;
 };
 
-//! Calls the one of its lambdas that fits the arguments.
-template <class... Fs>
-struct overloaded : Fs... {
-  using Fs::operator()...;
-};
-
-//! True for a stream policy that returns outputs of its own (see stream_policy).
-template <class S>
-inline constexpr bool returns_own_outputs = requires {
-  requires S::returns_own_outputs;
-};
+//! What a stream policy's execute() returns: what its body returns for these inputs.
+template <class Body, class Inputs>
+using run_result_t = std::invoke_result_t<Body, const run_context&, Inputs&&>;
 
 //! True for a stream policy that captures runs into CUDA graphs (see stream_policy).
 template <class S>
@@ -40,25 +40,36 @@ inline constexpr bool captures_graphs = requires {
 //! A stream policy decides on which CUDA stream a model runs. Required:
 //!  - `S(const model_context&)`: may create streams or contexts (throws cuda_error,
 //!    unsupported);
-//!  - `s.execute(c10::Device, const std::vector<c10::IValue>& inputs, Body&& body)
-//!    -> c10::IValue`: calls `body(run_context)` with the stream to use, ordered after the
-//!    caller's pending work on the inputs; the result must be safe to use on the caller's
-//!    current stream with no further synchronisation. Called from several threads at once.
-//!    The runner also calls it with a `const std::vector<at::Tensor>&` (run_tensors): a
-//!    template on the inputs' type takes both (detail::for_each_tensor visits either).
-//! The runner's body may also be called as `body(run_context, Inputs replacement)`: it then
-//! runs the model on `replacement` (same kind as the inputs) instead of the caller's inputs;
-//! an adaptor that runs the model on buffers of its own (graphed) uses it.
-//! Optional: `S::returns_own_outputs == true` says execute() returns tensors of its own
-//! rather than what the body returned (run_tensors then takes them from the result), and
-//! `S::captures_graphs == true` says runs are captured and replayed as CUDA graphs (the
-//! residency policy must then be graph_capturable, see residency_policy.hpp).
+//!  - `s.execute(c10::Device, Inputs inputs, Body&& body) -> detail::run_result_t<Body, Inputs>`
+//!    for the two kinds of inputs the runner passes, by value:
+//!     - `std::vector<c10::IValue>` (run(), run_ivalue()): the runner's own, moved in; the
+//!       policy owns them;
+//!     - `lent_tensors` (run_tensors()): the caller's tensors, alive until execute() returns.
+//!    It calls `body(run_context, Inputs&&)` with the stream to use, ordered after the
+//!    caller's pending work on the inputs, and hands the body either the inputs it was given
+//!    (moved: the body consumes them, and the loader may free them while kernels that read
+//!    them are still queued) or inputs of its own of the same kind (graphed runs the model on
+//!    buffers it owns). What the policy needs of the inputs after the body (to keep their
+//!    memory from being reused before the model has read it) it takes before handing them
+//!    on. It returns what the body returns: `c10::IValue` for run_ivalue(),
+//!    `std::vector<at::Tensor>` for run_tensors() (detail::for_each_tensor visits either kind
+//!    of inputs and outputs). The result must be safe to use on the caller's current stream
+//!    with no further synchronisation. Called from several threads at once.
+//! Optional: `S::captures_graphs == true` says runs are captured and replayed as CUDA graphs
+//! (the residency policy must then be graph_capturable, see residency_policy.hpp).
 //! Every stream policy is a no-op for a CPU device.
 template <class S>
 concept stream_policy =
     std::constructible_from<S, const model_context&> && std::is_nothrow_destructible_v<S> &&
-    requires(S& s, c10::Device d, const std::vector<c10::IValue>& in) {
-      { s.execute(d, in, detail::run_body_archetype{}) } -> std::same_as<c10::IValue>;
+    requires(S& s, c10::Device d, std::vector<c10::IValue>&& values, lent_tensors tensors) {
+      {
+        s.execute(d, std::move(values),
+                  detail::run_body_archetype<std::vector<c10::IValue>, c10::IValue>{})
+      } -> std::same_as<c10::IValue>;
+      {
+        s.execute(d, tensors,
+                  detail::run_body_archetype<lent_tensors, std::vector<at::Tensor>>{})
+      } -> std::same_as<std::vector<at::Tensor>>;
     };
 
 }  // namespace torchloom

@@ -6,7 +6,8 @@
     "torchloom/cuda/graph_cache.hpp needs CUDA: link torchloom::cuda (a CUDA toolkit and a CUDA build of torch)"
 #endif
 
-#include <torchloom/concepts/loader.hpp>
+#include <torchloom/concepts/stream_policy.hpp>
+#include <torchloom/context.hpp>
 #include <torchloom/cuda/check.hpp>
 #include <torchloom/cuda/event.hpp>
 #include <torchloom/detail/strings.hpp>
@@ -90,10 +91,14 @@ class graph_cache {
 
   //! Runs `body` through `inner` (the wrapped stream policy): eagerly for a signature seen
   //! fewer than eager_runs_before_capture times or that cannot be captured, else by replaying
-  //! its graph (captured on the spot the first time). Returns fresh output tensors.
+  //! its graph (captured on the spot the first time). A replay returns fresh output tensors,
+  //! of the kind the body returns (c10::IValue or std::vector<at::Tensor>). `inputs`: a
+  //! vector of c10::IValue, or lent_tensors (see stream_policy).
   template <class Inner, class Inputs, class Body>
-  c10::IValue run(Inner& inner, c10::Device device, const Inputs& inputs, Body&& body) {
-    const std::optional<signature> sig = signature_of(inputs);
+  detail::run_result_t<Body, Inputs> run(Inner& inner, c10::Device device, Inputs inputs,
+                                         Body&& body) {
+    using result = detail::run_result_t<Body, Inputs>;
+    const std::optional<signature> sig = signature_of(given(inputs));
     bool eager = true;
     {
       std::lock_guard lock(mutex_);
@@ -105,18 +110,18 @@ class graph_cache {
       if (eager) ++stats_.eager_runs;
     }
     // Eager runs go outside the lock: they overlap as they do without graphs.
-    if (eager) return inner.execute(device, inputs, std::forward<Body>(body));
-    return inner.execute(device, inputs, [&](const run_context& rc) -> c10::IValue {
+    if (eager) return inner.execute(device, std::move(inputs), std::forward<Body>(body));
+    return inner.execute(device, std::move(inputs), [&](const run_context& rc, Inputs&& in) {
       std::unique_lock lock(mutex_);
       // Looked up again: another thread may have pushed it out meanwhile.
       entry& e = touch(*sig);
-      if (!e.graph && !e.uncapturable) capture(e, rc, inputs, body, *sig);
+      if (!e.graph && !e.uncapturable) capture(e, rc, in, body, *sig);
       if (e.uncapturable) {
         ++stats_.eager_runs;
         lock.unlock();
-        return body(rc);
+        return body(rc, std::move(in));
       }
-      return replay(e, rc, inputs, *sig);
+      return replay<result>(e, rc, given(in), *sig);
     });
   }
 
@@ -175,11 +180,34 @@ class graph_cache {
     bool replayed = false;
     std::vector<at::Tensor> static_inputs;
     c10::IValue static_outputs;
+    std::size_t output_count = 0;  // tensors in static_outputs
     // The copies folded into one launch with the graph (see fuse()); null until the first
     // direct replay, and for good when the graph cannot be wrapped so.
     std::unique_ptr<fused_graph> fused;
     bool fuse_tried = false;
   };
+
+  // The tensors or values the runner passed, to read.
+  static const std::vector<c10::IValue>& given(const std::vector<c10::IValue>& v) { return v; }
+  static const std::vector<at::Tensor>& given(lent_tensors v) { return v.get(); }
+
+  // What the body runs the model on instead of the caller's inputs: the static buffers, as
+  // the same kind of inputs (lent: the buffers stay the entry's).
+  static std::vector<c10::IValue> replacement(const std::vector<c10::IValue>&,
+                                              const std::vector<at::Tensor>& statics) {
+    return std::vector<c10::IValue>(statics.begin(), statics.end());
+  }
+  static lent_tensors replacement(lent_tensors, const std::vector<at::Tensor>& statics) {
+    return std::cref(statics);
+  }
+
+  // A capture's outputs as the entry keeps them, whichever kind the body returned: one
+  // tensor as itself, several as a tuple (as a loader boxes them).
+  static c10::IValue boxed(c10::IValue v) { return v; }
+  static c10::IValue boxed(std::vector<at::Tensor> v) {
+    if (v.size() == 1) return c10::IValue(std::move(v.front()));
+    return c10::ivalue::Tuple::create(std::vector<c10::IValue>(v.begin(), v.end()));
+  }
 
   static const at::Tensor* tensor_of(const at::Tensor& t) { return &t; }
   static const at::Tensor* tensor_of(const c10::IValue& v) {
@@ -275,9 +303,10 @@ class graph_cache {
   // Captures the model on copies of these inputs. A model that cannot be captured (it
   // synchronises with the host, copies from pageable host memory, returns something other
   // than tensors) is marked so and runs eagerly from then on, with one warning per runner.
-  template <class Inputs, class Body>
-  void capture(entry& e, const run_context& rc, const Inputs& inputs, Body& body,
+  template <class Given, class Body>
+  void capture(entry& e, const run_context& rc, const Given& in, Body& body,
                const signature& sig) {
+    const auto& inputs = given(in);
     const c10::cuda::CUDAStream run_stream(c10::cuda::CUDAStream::UNCHECKED, rc.stream);
     c10::cuda::CUDAStreamGuard on_run(run_stream);
     e.static_inputs.clear();
@@ -310,7 +339,6 @@ class graph_cache {
             "memory at the end of its capture";
     } else {
       c10::cuda::CUDAStreamGuard on_capture(capture_stream);
-      const Inputs replacement(e.static_inputs.begin(), e.static_inputs.end());
       bool begun = false;
       try {
         // Relaxed: the capture is on a stream of its own, and other threads of the process
@@ -321,7 +349,8 @@ class graph_cache {
         graph->capture_begin(pool_);  // older torch captures in global mode only
 #endif
         begun = true;
-        outputs = body(run_context{rc.device, capture_stream.unwrap()}, replacement);
+        outputs = boxed(body(run_context{rc.device, capture_stream.unwrap()},
+                             replacement(in, e.static_inputs)));
       } catch (const std::exception& ex) {
         why = detail::torch_message(ex);
       }
@@ -352,6 +381,9 @@ class graph_cache {
       return;
     }
     e.graph = std::move(graph);
+    std::vector<at::Tensor> statics;
+    flatten(outputs, statics);
+    e.output_count = statics.size();
     e.static_outputs = std::move(outputs);
   }
 
@@ -366,19 +398,18 @@ class graph_cache {
   }
 
   // Replays the entry's graph on the run's stream and returns copies of its outputs.
-  template <class Inputs>
-  c10::IValue replay(entry& e, const run_context& rc, const Inputs& inputs,
-                     const signature& sig) {
+  template <class Result, class Inputs>
+  Result replay(entry& e, const run_context& rc, const Inputs& inputs, const signature& sig) {
     const c10::cuda::CUDAStream stream(c10::cuda::CUDAStream::UNCHECKED, rc.stream);
     c10::cuda::CUDAStreamGuard on_run(stream);
     // After the runner's previous replay, on whatever stream it ran: the pool and the static
     // buffers are this replay's alone.
     check(cudaStreamWaitEvent(stream.stream(), done_.get(), 0), "cudaStreamWaitEvent");
-    c10::IValue out;
+    Result out;
     if (!e.fused || !launch_fused(*e.fused, e, inputs, sig, stream.stream(), out)) {
       copy_in(e, inputs, sig, stream.stream());
       launch(e, stream.stream());
-      out = copy_out(e.static_outputs, sig, stream.stream());
+      out = copy_out<Result>(e, sig, stream.stream());
       if (e.direct && !e.fuse_tried) {
         e.fuse_tried = true;
         e.fused = fuse(e, inputs, sig, out);
@@ -404,6 +435,10 @@ class graph_cache {
     return t.nbytes();
   }
 
+  static void flatten(const std::vector<at::Tensor>& v, std::vector<at::Tensor>& out) {
+    out.insert(out.end(), v.begin(), v.end());
+  }
+
   static void flatten(const c10::IValue& v, std::vector<at::Tensor>& out) {
     if (v.isTensor()) {
       out.push_back(v.toTensor());
@@ -419,9 +454,9 @@ class graph_cache {
   // a green context's graph (a memcpy node of ours would run outside its partition), when an
   // input or output is not one plain copy, or when CUDA refuses the wrapping: replays then
   // copy around the graph as before.
-  template <class Inputs>
+  template <class Inputs, class Result>
   std::unique_ptr<fused_graph> fuse(entry& e, const Inputs& inputs, const signature& sig,
-                                    const c10::IValue& out) const {
+                                    const Result& out) const {
     if (!std::is_constructible_v<at::cuda::CUDAGraph, bool> || capture_on_run_stream_) {
       return nullptr;
     }
@@ -493,9 +528,9 @@ class graph_cache {
   // into fresh tensors (made here, on the run's stream). False, with nothing launched, when
   // this run's tensors do not fit the memcpy nodes (an input not one plain copy, memory CUDA
   // will not put in the node): the caller copies around the graph instead.
-  template <class Inputs>
+  template <class Inputs, class Result>
   bool launch_fused(fused_graph& f, const entry& e, const Inputs& inputs, const signature& sig,
-                    cudaStream_t stream, c10::IValue& out) const {
+                    cudaStream_t stream, Result& out) const {
     // Node j (inputs' first): points it at dst, src, n unless it points there already.
     const auto set = [&f](std::size_t j, cudaGraphNode_t node, void* dst, const void* src,
                           std::size_t n) {
@@ -538,7 +573,7 @@ class graph_cache {
       ++k;
       return o;
     };
-    c10::IValue result = map_outputs(e.static_outputs, make);
+    Result result = map_outputs<Result>(e, make);
     if (!ok || k != f.out_nodes.size()) return false;
     check(cudaGraphLaunch(f.exec, stream), "cudaGraphLaunch");
     out = std::move(result);
@@ -610,26 +645,51 @@ class graph_cache {
     return out;
   }
 
-  // The outputs as the caller's own tensors, in the structure the model returned.
-  static c10::IValue copy_out(const c10::IValue& v, const signature& sig, cudaStream_t stream) {
+  // The outputs as the caller's own tensors: in the structure the model returned
+  // (c10::IValue), or flattened (std::vector<at::Tensor>).
+  template <class Result>
+  static Result copy_out(const entry& e, const signature& sig, cudaStream_t stream) {
     const auto copy = [&](const at::Tensor& t) { return fresh(t, sig, stream); };
-    return map_outputs(v, copy);
+    return map_outputs<Result>(e, copy);
   }
 
-  // `v`'s structure (a tensor, a tuple, a list of tensors) with each tensor t replaced by
-  // fn(t), in flatten()'s order.
+  // The entry's static outputs with each tensor t replaced by fn(t), in flatten()'s order:
+  // in their structure (a tensor, a tuple, a list of tensors) or as a flat vector.
+  template <class Result, class Fn>
+  static Result map_outputs(const entry& e, Fn& fn) {
+    if constexpr (std::is_same_v<Result, std::vector<at::Tensor>>) {
+      std::vector<at::Tensor> out;
+      out.reserve(e.output_count);
+      map_flat(e.static_outputs, fn, out);
+      return out;
+    } else {
+      return map_structure(e.static_outputs, fn);
+    }
+  }
+
   template <class Fn>
-  static c10::IValue map_outputs(const c10::IValue& v, Fn& fn) {
+  static c10::IValue map_structure(const c10::IValue& v, Fn& fn) {
     if (v.isTensor()) return fn(v.toTensor());
     if (v.isTuple()) {
       std::vector<c10::IValue> elements;
       elements.reserve(v.toTupleRef().elements().size());
-      for (const auto& x : v.toTupleRef().elements()) elements.push_back(map_outputs(x, fn));
+      for (const auto& x : v.toTupleRef().elements()) elements.push_back(map_structure(x, fn));
       return c10::ivalue::Tuple::create(std::move(elements));
     }
     c10::List<at::Tensor> list;
     for (const at::Tensor& t : v.toTensorList().vec()) list.push_back(fn(t));
     return list;
+  }
+
+  template <class Fn>
+  static void map_flat(const c10::IValue& v, Fn& fn, std::vector<at::Tensor>& out) {
+    if (v.isTensor()) {
+      out.push_back(fn(v.toTensor()));
+    } else if (v.isTuple()) {
+      for (const auto& x : v.toTupleRef().elements()) map_flat(x, fn, out);
+    } else {
+      for (const at::Tensor& t : v.toTensorList().vec()) out.push_back(fn(t));
+    }
   }
 
   void check(cudaError_t rc, const char* what) const {

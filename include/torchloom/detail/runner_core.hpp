@@ -1,20 +1,11 @@
 #pragma once
-#include <torchloom/concepts/loader.hpp>
+#include <torchloom/context.hpp>
 #include <torchloom/detail/config.hpp>
-#include <torchloom/detail/dtype.hpp>
-#include <torchloom/detail/inputs.hpp>
-#include <torchloom/detail/op_libraries.hpp>
-#include <torchloom/detail/process_settings.hpp>
 #include <torchloom/detail/strings.hpp>
-#include <torchloom/detail/torch_error.hpp>
 #include <torchloom/error.hpp>
 #include <torchloom/model_spec.hpp>
 #include <torchloom/signature.hpp>
 
-#include <ATen/Context.h>
-#include <ATen/Functions.h>
-#include <ATen/Parallel.h>
-#include <ATen/core/ivalue.h>
 #include <c10/core/Device.h>
 #include <torch/cuda.h>
 
@@ -24,19 +15,16 @@
 
 #include <charconv>
 #include <cstdint>
-#include <exception>
-#include <fstream>
-#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
-#include <vector>
 
 namespace torchloom::detail {
 
-//! The part of a runner that does not depend on its policies: the spec, the device, the
-//! declared inputs and the process-wide settings it holds. Constructed first, destroyed last.
+//! The part of a runner that does not depend on its policies: the spec, the device and the
+//! declared inputs, with Triton's rules for naming inputs and outputs. Constructed first (it
+//! resolves the device), destroyed last.
 class runner_core {
  public:
   //! `device`: the one the application asked for, or nothing to take it from config.pbtxt's
@@ -44,46 +32,11 @@ class runner_core {
   runner_core(model_spec spec, std::optional<c10::Device> device)
       : spec_(std::move(spec)), device_(config_device(spec_, device)), requested_(device) {
     check_device();
-    const auto& o = spec_.options;
-    // 0 or less: torch's default, as in Triton's PyTorch backend.
-    if (o.intra_op_thread_count && *o.intra_op_thread_count > 0) {
-      const int n = *o.intra_op_thread_count;
-      settings_.push_back(setting_claim::make(
-          "INTRA_OP_THREAD_COUNT", std::to_string(n), spec_.name, [n]() -> std::function<void()> {
-            const int before = at::get_num_threads();
-            at::set_num_threads(n);
-            return [before] { at::set_num_threads(before); };
-          }));
-    }
-    if (o.inter_op_thread_count && *o.inter_op_thread_count > 0) {
-      const int n = *o.inter_op_thread_count;
-      settings_.push_back(setting_claim::make(
-          "INTER_OP_THREAD_COUNT", std::to_string(n), spec_.name, [n]() -> std::function<void()> {
-            // torch allows this once, before its inter-op pool starts, so it cannot be
-            // undone. (size_t in torch 2.x, int in 1.13)
-            if (static_cast<int>(at::get_num_interop_threads()) != n) {
-              at::set_num_interop_threads(n);
-            }
-            return {};
-          }));
-    }
-    if (o.disable_cudnn) {
-      const bool off = *o.disable_cudnn;
-      settings_.push_back(
-          setting_claim::make("DISABLE_CUDNN", off ? "true" : "false", spec_.name,
-                              [off]() -> std::function<void()> {
-                                const bool before = at::globalContext().userEnabledCuDNN();
-                                at::globalContext().setUserEnabledCuDNN(!off);
-                                return [before] { at::globalContext().setUserEnabledCuDNN(before); };
-                              }));
-    }
-    if (o.enable_cache_cleaning && device_.is_cuda() && !TORCHLOOM_HAS_CUDA) {
+    if (spec_.options.enable_cache_cleaning && device_.is_cuda() && !TORCHLOOM_HAS_CUDA) {
       throw error(errc::unsupported, spec_.name,
                   "ENABLE_CACHE_CLEANING on a CUDA device needs the torchloom::cuda target "
                   "(TORCHLOOM_HAS_CUDA)");
     }
-    // Before the hook and the model, which may need the operators the libraries register.
-    load_op_libraries(spec_.name, spec_.directory, o.op_libraries);
   }
 
   const std::string& name() const noexcept { return spec_.name; }
@@ -166,110 +119,8 @@ class runner_core {
     check_device();
   }
 
-  //! Takes the loader's signature and adds what config.pbtxt declares (dtype, dims, and the
-  //! batch dimension when max_batch_size > 0), matching inputs by name, then by Triton's
-  //! `NAME__<index>` convention, then by position.
-  void set_signature(input_signature sig) {
-    if (spec_.config) {
-      const auto& cfg = *spec_.config;
-      for (std::size_t i = 0; i < cfg.inputs.size(); ++i) {
-        const auto& decl = cfg.inputs[i];
-        input_spec* target = nullptr;
-        for (auto& s : sig) {
-          if (s.name == decl.name) target = &s;
-        }
-        if (!target) {
-          auto pos = decl.name.rfind("__");
-          if (pos != std::string::npos) {
-            std::size_t idx = 0;
-            try {
-              idx = std::stoul(decl.name.substr(pos + 2));
-            } catch (const std::exception&) {
-              idx = sig.size();
-            }
-            if (idx < sig.size()) target = &sig[idx];
-          }
-        }
-        if (!target && cfg.inputs.size() == sig.size()) target = &sig[i];
-        if (!target) {
-          throw error(errc::invalid_option, spec_.name,
-                      concat("config.pbtxt declares input '", decl.name,
-                             "', which the model does not have"));
-        }
-        if (decl.dtype) target->dtype = decl.dtype;
-        std::vector<std::int64_t> shape;
-        if (cfg.max_batch_size > 0) {
-          shape.push_back(-1);
-          target->max_batch_size = cfg.max_batch_size;
-        }
-        shape.insert(shape.end(), decl.dims.begin(), decl.dims.end());
-        if (!decl.dims.empty() || cfg.max_batch_size > 0) target->shape = std::move(shape);
-        if (target->name.empty()) target->name = decl.name;
-      }
-    }
-    signature_ = std::move(sig);
-  }
-
-  //! Warm-up at load: WARMUP_ITERATIONS runs with inputs synthesised from the declared dtypes
-  //! and shapes (free dimensions become 1), then every config.pbtxt `model_warmup` sample,
-  //! `count` times, with its zero, random or file data (files under `<model dir>/warmup/`,
-  //! raw bytes as Triton reads them). Throws invalid_option when an input is not declared
-  //! enough or a sample does not fit the model.
-  template <class Run>
-  void warm_up(Run&& run) const {
-    const int n = spec_.options.warmup_iterations;
-    if (n > 0) {
-      std::vector<c10::IValue> inputs;
-      for (const auto& s : signature_) {
-        if (s.has_default) break;
-        if (!s.is_tensor || !s.dtype || !s.shape) {
-          throw error(errc::invalid_option, spec_.name,
-                      concat("WARMUP_ITERATIONS=", n, " needs the dtype and shape of every "
-                             "input (config.pbtxt input { data_type dims }); input '", s.name,
-                             "' has none"));
-        }
-        std::vector<std::int64_t> shape = *s.shape;
-        for (auto& d : shape) d = d < 0 ? 1 : d;
-        auto opts = at::TensorOptions().dtype(*s.dtype).device(device_);
-        try {
-          inputs.emplace_back(c10::isFloatingType(*s.dtype) ? at::rand(shape, opts)
-                                                            : at::zeros(shape, opts));
-        } catch (const std::exception& e) {  // c10::Error, std::bad_alloc: dims too large
-          throw error(errc::invalid_option, spec_.name,
-                      concat("WARMUP_ITERATIONS=", n, ": cannot make input '", s.name,
-                             "' of the declared shape ", c10::IntArrayRef(shape), ": ",
-                             torch_message(e)));
-        }
-      }
-      for (int i = 0; i < n; ++i) run(inputs);
-    }
-    if (!spec_.config) return;
-    for (const auto& w : spec_.config->warmups) {
-      std::vector<c10::IValue> inputs(signature_.size());
-      std::vector<bool> given(signature_.size(), false);
-      for (const auto& in : w.inputs) {
-        const auto pos = input_position(in.name);
-        if (!pos) {
-          throw error(errc::invalid_option, spec_.name,
-                      concat("model_warmup '", w.name, "' (line ", w.line, ") names input '",
-                             in.name, "', which the model does not have"));
-        }
-        inputs[*pos] = warmup_tensor(w, in);
-        given[*pos] = true;
-      }
-      std::size_t count = signature_.size();
-      while (count > 0 && !given[count - 1] && signature_[count - 1].has_default) --count;
-      for (std::size_t i = 0; i < count; ++i) {
-        if (!given[i]) {
-          throw error(errc::invalid_option, spec_.name,
-                      concat("model_warmup '", w.name, "' (line ", w.line,
-                             ") gives no data for ", input_label(signature_, i)));
-        }
-      }
-      inputs.resize(count);
-      for (std::int64_t i = 0; i < w.count; ++i) run(inputs);
-    }
-  }
+  //! The inputs run() checks against (see merge_config_inputs).
+  void set_signature(input_signature sig) { signature_ = std::move(sig); }
 
   //! The position of the input called `name`, by Triton's rules: the forward argument of that
   //! name, else `<NAME>__<index>`, else the config's input of that name (the config's order
@@ -322,49 +173,6 @@ class runner_core {
   }
 
  private:
-  at::Tensor warmup_tensor(const warmup_decl& w, const warmup_input_decl& in) const {
-    const std::string what = concat("model_warmup '", w.name, "' input '", in.name, "'");
-    if (!in.dtype) {
-      throw error(errc::invalid_option, spec_.name,
-                  concat(what, ": a tensor input needs a data_type other than TYPE_STRING"));
-    }
-    std::vector<std::int64_t> shape;
-    if (w.batch_size > 0) shape.push_back(w.batch_size);
-    shape.insert(shape.end(), in.dims.begin(), in.dims.end());
-    const auto opts = at::TensorOptions().dtype(*in.dtype);
-    at::Tensor t;
-    switch (in.source) {
-      case warmup_input_decl::data::zero: t = at::zeros(shape, opts); break;
-      case warmup_input_decl::data::random:
-        t = c10::isFloatingType(*in.dtype)
-                ? at::rand(shape, opts)
-                : at::randint(0, 2, shape, at::TensorOptions().dtype(at::kLong)).to(*in.dtype);
-        break;
-      case warmup_input_decl::data::file: {
-        const auto file = spec_.directory / "warmup" / in.file;
-        spec_.require_inside(file, concat(what, ": input_data_file"), errc::invalid_option);
-        t = at::empty(shape, opts);
-        const auto bytes = static_cast<std::size_t>(t.numel()) * t.element_size();
-        std::ifstream f(file, std::ios::binary);
-        std::error_code ec;
-        if (!f || !std::filesystem::is_regular_file(file, ec)) {
-          throw error(errc::invalid_option, spec_.name,
-                      concat(what, ": cannot read input_data_file '", file.string(), "'"));
-        }
-        const auto size = std::filesystem::file_size(file, ec);
-        if (ec || size != bytes) {
-          throw error(errc::invalid_option, spec_.name,
-                      concat(what, ": input_data_file '", file.string(), "' holds ", size,
-                             " bytes; shape ", c10::IntArrayRef(shape), " of ",
-                             dtype_name(*in.dtype), " needs ", bytes));
-        }
-        f.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(bytes));
-        break;
-      }
-    }
-    return t.to(device_);
-  }
-
   void check_device() const {
     if (device_.is_cpu()) return;
     if (!device_.is_cuda()) {
@@ -390,7 +198,6 @@ class runner_core {
   c10::Device device_;
   std::optional<c10::Device> requested_;
   input_signature signature_;
-  std::vector<setting_claim> settings_;
 };
 
 }  // namespace torchloom::detail

@@ -1,5 +1,6 @@
 #pragma once
-#include <torchloom/concepts/loader.hpp>
+#include <torchloom/concepts/stream_policy.hpp>
+#include <torchloom/context.hpp>
 #include <torchloom/detail/config.hpp>
 #include <torchloom/detail/strings.hpp>
 
@@ -10,6 +11,7 @@
 #include <c10/core/Stream.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/SmallVector.h>
 
 #if TORCHLOOM_HAS_CUDA
 #include <torchloom/cuda/check.hpp>
@@ -22,12 +24,13 @@
 #include <array>
 #include <cstddef>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace torchloom::detail {
 
-//! Calls `f` on `t`: the overload for inputs given as tensors (model_runner::run_tensors).
+//! Calls `f` on `t`: the overload for inputs and outputs given as tensors.
 template <class F>
 void for_each_tensor(const at::Tensor& t, F&& f) {
   f(t);
@@ -47,11 +50,24 @@ void for_each_tensor(const c10::IValue& v, F&& f) {
   }
 }
 
+//! Calls `f` on every tensor of a run's inputs or outputs: a vector of c10::IValue (run(),
+//! run_ivalue()) or of at::Tensor (run_tensors()).
+template <class T, class F>
+void for_each_tensor(const std::vector<T>& v, F&& f) {
+  for (const auto& e : v) for_each_tensor(e, f);
+}
+
+//! Calls `f` on every tensor that run_tensors() lends.
+template <class F>
+void for_each_tensor(lent_tensors v, F&& f) {
+  for (const at::Tensor& t : v.get()) f(t);
+}
+
 //! A run on a CPU device: no streams to choose or fence, for every stream policy.
-template <class Body>
-c10::IValue run_on_host(c10::Device device, Body&& body) {
+template <class Inputs, class Body>
+run_result_t<Body, Inputs> run_on_host(c10::Device device, Inputs inputs, Body&& body) {
   const c10::Stream host(c10::Stream::DEFAULT, device);
-  return std::forward<Body>(body)(run_context{device, host});
+  return std::forward<Body>(body)(run_context{device, host}, std::move(inputs));
 }
 
 //! Two events per device for the calling thread, created once and re-recorded on every run:
@@ -112,21 +128,40 @@ struct cuda_fence_events {
 //!    caller can use the outputs on its own stream right after this returns;
 //!  - the outputs, allocated on `work`, are recorded on the caller's stream, so the caching
 //!    allocator does not hand their memory to `work` again while the caller's reads are
-//!    pending. The inputs are recorded on the caller's stream after the run, not on `work`:
-//!    the caller's stream waits for `work`, so that keeps their memory until the model is
-//!    done with them, whichever stream they came from (a no-op for the usual inputs, made on
-//!    the caller's stream), and no event is left on `work` to record when they are freed,
-//!    which may be after `work` is gone (a green context's stream).
-//! No host synchronisation. `work` is current during `body`, so TorchScript's kernels run on
-//! it. `inputs`: a vector of c10::IValue or of at::Tensor.
+//!    pending;
+//!  - the inputs are recorded on the caller's stream, and those handed on to `body` (which
+//!    consumes them: the loader may free them while the kernels that read them are queued on
+//!    `work`) are held here until the caller's stream waits for `work`. Freed after that, an
+//!    input's memory is not handed out again before `work` is done with it, whichever stream
+//!    it came from (the usual inputs, made on the caller's stream, need no recording), and no
+//!    event is left on `work` for when they are freed, which may be after `work` is gone (a
+//!    green context's stream).
+//! No host synchronisation. `work` is also made current during `body` (the residency
+//! policy's part of the run sees only the current stream). `inputs`: a vector of c10::IValue,
+//! or lent_tensors.
 template <class Inputs, class Body>
-c10::IValue run_fenced(c10::Device device, c10::Stream work, const Inputs& inputs,
-                       Body&& body) {
+run_result_t<Body, Inputs> run_fenced(c10::Device device, c10::Stream work, Inputs inputs,
+                                      Body&& body) {
   c10::DeviceGuard device_guard(device);
   const auto* impl = c10::impl::getDeviceGuardImpl(device.type());
   const c10::Stream caller = impl->getStream(device);
-  if (caller == work) return std::forward<Body>(body)(run_context{device, work});
-  c10::IValue out;
+  if (caller == work) {
+    return std::forward<Body>(body)(run_context{device, work}, std::move(inputs));
+  }
+  const auto record_on_caller = [&](const at::Tensor& t) {
+    if (t.device() == device && t.has_storage()) {
+      impl->recordDataPtrOnStream(t.storage().data_ptr(), caller);
+    }
+  };
+  // Inline room for the usual few inputs: holding them allocates nothing.
+  c10::SmallVector<at::Tensor, 8> held;
+  for_each_tensor(inputs, [&](const at::Tensor& t) {
+    record_on_caller(t);
+    if constexpr (!std::is_same_v<Inputs, lent_tensors>) {
+      if (t.device() == device && t.has_storage()) held.push_back(t);
+    }
+  });
+  run_result_t<Body, Inputs> out;
 #if TORCHLOOM_HAS_CUDA
   if (device.is_cuda()) {
     using c10::cuda::CUDAStream;
@@ -137,7 +172,7 @@ c10::IValue run_fenced(c10::Device device, c10::Stream work, const Inputs& input
     cuda::check(cudaStreamWaitEvent(to, events.before.get(), 0), "", "cudaStreamWaitEvent");
     {
       c10::StreamGuard stream_guard(work);
-      out = std::forward<Body>(body)(run_context{device, work});
+      out = std::forward<Body>(body)(run_context{device, work}, std::move(inputs));
     }
     cuda::check(cudaEventRecord(events.after.get(), to), "", "cudaEventRecord");
     cuda::check(cudaStreamWaitEvent(from, events.after.get(), 0), "", "cudaStreamWaitEvent");
@@ -149,19 +184,13 @@ c10::IValue run_fenced(c10::Device device, c10::Stream work, const Inputs& input
     events.before.block(work);
     {
       c10::StreamGuard stream_guard(work);
-      out = std::forward<Body>(body)(run_context{device, work});
+      out = std::forward<Body>(body)(run_context{device, work}, std::move(inputs));
     }
     events.after.record(work);
     events.after.block(caller);
   }
-  const auto record_on_caller = [&](const at::Tensor& t) {
-    if (t.device() == device && t.has_storage()) {
-      impl->recordDataPtrOnStream(t.storage().data_ptr(), caller);
-    }
-  };
-  for (const auto& v : inputs) for_each_tensor(v, record_on_caller);
   for_each_tensor(out, record_on_caller);
-  return out;
+  return out;  // `held` goes after this: its inputs are freed behind the caller's wait
 }
 
 }  // namespace torchloom::detail

@@ -18,6 +18,8 @@
 #endif
 #include <torch/script.h>
 
+#include <c10/core/StreamGuard.h>
+
 #include <filesystem>
 #include <concepts>
 #include <cstdint>
@@ -178,7 +180,11 @@ struct torchscript_loader {
     return sig;
   }
 
-  c10::IValue run(model_type& m, std::vector<c10::IValue>&& inputs, const run_context&) const {
+  //! Runs forward on `rc.stream`, which it makes current: TorchScript launches on the current
+  //! stream. A CPU device has no stream to set.
+  c10::IValue run(model_type& m, std::vector<c10::IValue>&& inputs, const run_context& rc) const {
+    std::optional<c10::StreamGuard> on_stream;
+    if (!rc.device.is_cpu()) on_stream.emplace(rc.stream);
     if (m.optimized_execution) return m.module.forward(std::move(inputs));
     // The graph executor's optimisation switch is thread-local in torch: set it per run.
     torch::jit::GraphOptimizerEnabledGuard optimize(false);

@@ -206,7 +206,7 @@ struct mapped_weights {
     const typename Loader::model_type& model() const noexcept { return model_; }
 
     template <class Body>
-    c10::IValue execute(Body&& body) {
+    decltype(auto) execute(Body&& body) {
       if constexpr (rewritable) {
         // The optimisation passes would fold a fetch and what is computed from the weight
         // alone (a concatenation of weights) into a constant held on the device.

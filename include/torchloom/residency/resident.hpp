@@ -16,7 +16,7 @@ struct resident_weights {
     const typename Loader::model_type& model() const noexcept { return model_; }
 
     template <class Body>
-    c10::IValue execute(Body&& body) {
+    decltype(auto) execute(Body&& body) {
       return std::forward<Body>(body)(model_);
     }
 

@@ -58,7 +58,7 @@ struct shared_weights {
     const model_type& model() const noexcept { return *model_; }
 
     template <class Body>
-    c10::IValue execute(Body&& body) {
+    decltype(auto) execute(Body&& body) {
       return std::forward<Body>(body)(*model_);
     }
 

@@ -70,7 +70,7 @@ struct streamed_weights {
     const typename Loader::model_type& model() const noexcept { return model_; }
 
     template <class Body>
-    c10::IValue execute(Body&& body) {
+    decltype(auto) execute(Body&& body) {
       std::lock_guard lock(run_);
       // Graph-executor passes could move weight reads against the schedule.
       [[maybe_unused]] unoptimised no_optimization;

@@ -19,15 +19,17 @@ struct adaptive_stream {
   constexpr explicit adaptive_stream(const model_context&) noexcept {}
 
   template <class Inputs, class Body>
-  c10::IValue execute(c10::Device device, const Inputs& inputs, Body&& body) {
-    if (device.is_cpu()) return detail::run_on_host(device, std::forward<Body>(body));
+  detail::run_result_t<Body, Inputs> execute(c10::Device device, Inputs inputs, Body&& body) {
+    if (device.is_cpu()) {
+      return detail::run_on_host(device, std::move(inputs), std::forward<Body>(body));
+    }
     c10::DeviceGuard guard(device);
     const auto* impl = c10::impl::getDeviceGuardImpl(device.type());
     const c10::Stream current = impl->getStream(device);
     if (current != impl->getDefaultStream(device)) {
-      return std::forward<Body>(body)(run_context{device, current});
+      return std::forward<Body>(body)(run_context{device, current}, std::move(inputs));
     }
-    return detail::run_fenced(device, detail::thread_pool_stream(device), inputs,
+    return detail::run_fenced(device, detail::thread_pool_stream(device), std::move(inputs),
                               std::forward<Body>(body));
   }
 };

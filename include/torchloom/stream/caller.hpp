@@ -16,12 +16,14 @@ struct caller_stream {
   constexpr explicit caller_stream(const model_context&) noexcept {}
 
   template <class Inputs, class Body>
-  c10::IValue execute(c10::Device device, const Inputs& /*inputs*/, Body&& body) {
-    if (device.is_cpu()) return detail::run_on_host(device, std::forward<Body>(body));
+  detail::run_result_t<Body, Inputs> execute(c10::Device device, Inputs inputs, Body&& body) {
+    if (device.is_cpu()) {
+      return detail::run_on_host(device, std::move(inputs), std::forward<Body>(body));
+    }
     c10::DeviceGuard guard(device);
     // Device-generic: works for any backend torch was built with, no CUDA headers needed.
     const c10::Stream current = c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
-    return std::forward<Body>(body)(run_context{device, current});
+    return std::forward<Body>(body)(run_context{device, current}, std::move(inputs));
   }
 };
 

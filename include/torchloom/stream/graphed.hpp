@@ -50,8 +50,6 @@ class graphed {
 
  public:
   using stream_type = Stream;
-  //! execute() returns copies of a replay's outputs, not what the body returned.
-  static constexpr bool returns_own_outputs = true;
   //! Runs are captured: the runner checks that the residency policy replays correctly.
   static constexpr bool captures_graphs = true;
   //! The option keys it reads: the wrapped policy's and its own (a runner without graphed
@@ -86,14 +84,16 @@ class graphed {
 #endif
   }
 
+  //! Runs through the wrapped policy; a replay returns fresh copies of the graph's outputs,
+  //! of the kind the body returns (c10::IValue or std::vector<at::Tensor>).
   template <class Inputs, class Body>
-  c10::IValue execute(c10::Device device, const Inputs& inputs, Body&& body) {
+  detail::run_result_t<Body, Inputs> execute(c10::Device device, Inputs inputs, Body&& body) {
 #if TORCHLOOM_HAS_CUDA
     if (cache_ && device.is_cuda()) {
-      return cache_->run(inner_, device, inputs, std::forward<Body>(body));
+      return cache_->run(inner_, device, std::move(inputs), std::forward<Body>(body));
     }
 #endif
-    return inner_.execute(device, inputs, std::forward<Body>(body));
+    return inner_.execute(device, std::move(inputs), std::forward<Body>(body));
   }
 
   //! The wrapped policy.

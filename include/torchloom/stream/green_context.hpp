@@ -72,11 +72,13 @@ class basic_green_context_stream {
   }
 
   template <class Inputs, class Body>
-  c10::IValue execute(c10::Device device, const Inputs& inputs, Body&& body) {
-    if (device.is_cpu() || !context_) return detail::run_on_host(device, std::forward<Body>(body));
+  detail::run_result_t<Body, Inputs> execute(c10::Device device, Inputs inputs, Body&& body) {
+    if (device.is_cpu() || !context_) {
+      return detail::run_on_host(device, std::move(inputs), std::forward<Body>(body));
+    }
     // run_fenced records the inputs on the caller's stream, never on the green stream: an
     // input may outlive this runner and its stream.
-    return detail::run_fenced(device, context_->stream().unwrap(), inputs,
+    return detail::run_fenced(device, context_->stream().unwrap(), std::move(inputs),
                               std::forward<Body>(body));
   }
 
@@ -113,7 +115,7 @@ class basic_green_context_stream {
 
   // Never called: no object of this type can be constructed in this build.
   template <class Inputs, class Body>
-  c10::IValue execute(c10::Device, const Inputs&, Body&&) {
+  detail::run_result_t<Body, Inputs> execute(c10::Device, Inputs, Body&&) {
     return {};
   }
 
