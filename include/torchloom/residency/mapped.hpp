@@ -9,8 +9,11 @@
 #include <torchloom/loader/aoti.hpp>
 #include <torchloom/loader/torchscript.hpp>
 #include <torchloom/residency/weight_memory.hpp>
+#include <torchloom/residency/weight_options.hpp>
 
 #include <ATen/ATen.h>
+
+#include <boost/mp11/list.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -173,8 +176,8 @@ class weight_map final : public weight_source {
 //! holds every weight once, briefly, while the package loads. run() may be called from
 //! several threads at once. On a CPU device the weights stay in host memory.
 struct mapped_weights {
-  //! The option keys this policy reads (a runner without it refuses them).
-  static constexpr std::string_view reads_options[] = {"WEIGHT_OFFLOAD_BUDGET_MB"};
+  //! The options this policy reads (a runner without it refuses them).
+  using option_blocks = boost::mp11::mp_list<weight_budget_options>;
   template <class Loader>
   class holder {
     static constexpr bool torchscript = std::is_same_v<Loader, torchscript_loader>;
@@ -191,7 +194,8 @@ struct mapped_weights {
     holder(const Loader& l, const load_context& ctx)
         : map_(std::make_unique<detail::weight_map>(ctx.spec.name, ctx.device)) {
       detail::require_cuda_build(ctx.spec.name, ctx.device, "mapped_weights");
-      const auto& budget = ctx.spec.options.weight_offload_budget_mb;
+      const weight_budget_options& options = ctx.spec.options;
+      const auto& budget = options.weight_offload_budget_mb;
       const std::int64_t resident = budget ? *budget * (std::int64_t{1} << 20) : 0;
       if constexpr (torchscript) {
         model_ =

@@ -8,8 +8,11 @@
 #include <torchloom/error.hpp>
 #include <torchloom/loader/torchscript.hpp>
 #include <torchloom/residency/weight_memory.hpp>
+#include <torchloom/residency/weight_options.hpp>
 
 #include <ATen/ATen.h>
+
+#include <boost/mp11/list.hpp>
 
 #if TORCHLOOM_HAS_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -501,9 +504,8 @@ class weight_stream final : public weight_source {
 //! invalid_option. A model that writes into a weight or returns one is unsupported. On a CPU
 //! device the same schedule runs with plain memory copies (for tests).
 struct streamed_weights {
-  //! The option keys this policy reads (a runner without it refuses them).
-  static constexpr std::string_view reads_options[] = {"WEIGHT_OFFLOAD_BUDGET_MB",
-                                                       "WEIGHT_OFFLOAD_PREFETCH_DEPTH"};
+  //! The options this policy reads (a runner without it refuses them).
+  using option_blocks = boost::mp11::mp_list<weight_budget_options, streamed_weights_options>;
 
   //! A CUDA graph would replay the first run's copies: graphed<Stream> refuses this policy.
   static constexpr bool graph_capturable = false;
@@ -523,10 +525,13 @@ struct streamed_weights {
           l.load(load_context{ctx.spec, ctx.file, c10::Device(c10::kCPU), ctx.graph_capture});
       detail::weight_rewrite rewrite =
           detail::rewrite_weight_reads(model_.module, *stream_, ctx.spec.name);
-      const auto& opts = ctx.spec.options;
+      const weight_budget_options& budget_options = ctx.spec.options;
+      const streamed_weights_options& own = ctx.spec.options;
       std::optional<std::int64_t> budget;
-      if (opts.weight_offload_budget_mb) budget = *opts.weight_offload_budget_mb;
-      stream_->prepare(rewrite, budget, opts.weight_offload_prefetch_depth);
+      if (budget_options.weight_offload_budget_mb) {
+        budget = *budget_options.weight_offload_budget_mb;
+      }
+      stream_->prepare(rewrite, budget, own.weight_offload_prefetch_depth);
       model_.optimized_execution = false;
     }
 
