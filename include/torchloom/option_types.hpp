@@ -1,4 +1,6 @@
 #pragma once
+#include <boost/mp11/list.hpp>
+
 #include <concepts>
 #include <optional>
 #include <string>
@@ -38,5 +40,23 @@ concept custom_option_value = std::equality_comparable<T> && requires(const T& t
   { t.format() } -> std::convertible_to<std::string>;
   { T::accepted() } -> std::convertible_to<std::string>;
 };
+
+namespace detail {
+template <class Policy>
+struct option_blocks_of_impl {
+  using type = boost::mp11::mp_list<>;
+};
+template <class Policy>
+  requires requires { typename Policy::option_blocks; }
+struct option_blocks_of_impl<Policy> {
+  using type = typename Policy::option_blocks;
+};
+}  // namespace detail
+
+//! The option blocks a policy reads: its `option_blocks` (a boost::mp11::mp_list of the
+//! described blocks of runner_options it owns, e.g. `mp_list<aoti_options>`), or none. A
+//! runner refuses a key of a block with a `read_by` when none of its policies lists the block.
+template <class Policy>
+using option_blocks_of = typename detail::option_blocks_of_impl<Policy>::type;
 
 }  // namespace torchloom

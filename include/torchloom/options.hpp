@@ -2,11 +2,17 @@
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
 #include <torchloom/option_types.hpp>
+#include <torchloom/hook/dlopen_hook_options.hpp>
+#include <torchloom/loader/aoti_options.hpp>
+#include <torchloom/residency/weight_options.hpp>
 #include <torchloom/stream/graph_options.hpp>
+#include <torchloom/stream/green_context_options.hpp>
 
 #include <boost/describe/class.hpp>
+#include <boost/describe/bases.hpp>
 #include <boost/describe/members.hpp>
 #include <boost/mp11/algorithm.hpp>
+#include <boost/mp11/utility.hpp>
 
 #include <cctype>
 #include <charconv>
@@ -20,17 +26,18 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace torchloom {
 
-//! Everything a runner can be told at run time. Each member's key is its name in upper case
-//! (Triton's spelling where Triton has the key): `intra_op_thread_count` is
-//! `INTRA_OP_THREAD_COUNT`. Parsing, printing and the list of keys are derived from the
-//! description below; there is no second table of keys. An unset optional leaves the torch
-//! default alone. A component that owns its settings contributes them as a described base
-//! (graph_options: graphed<Stream>'s); its keys come first.
-struct runner_options : graph_options {
+//! The core's settings: how each run is made, and torch's process-wide switches (read by the
+//! runner's core and the TorchScript loader). A described block, like each policy's.
+struct core_options {
+  //! Other spellings of keys: Triton's PyTorch 2 runtime calls ENABLE_CACHE_CLEANING
+  //! CACHE_CLEANING_ENABLED.
+  static constexpr std::pair<std::string_view, std::string_view> key_aliases[] = {
+      {"CACHE_CLEANING_ENABLED", "ENABLE_CACHE_CLEANING"}};
   //! Run under c10::InferenceMode (otherwise under no-grad).
   bool inference_mode = true;
   //! Turn the TorchScript graph executor's optimisation off (per run, per thread).
@@ -50,33 +57,60 @@ struct runner_options : graph_options {
   //! Empty the CUDA caching allocator's cache after each run. Also spelt
   //! CACHE_CLEANING_ENABLED (the name in Triton's PyTorch 2 runtime).
   bool enable_cache_cleaning = false;
-  //! Runtime switch for shared_weights; unset means the policy's default.
-  std::optional<bool> enable_weight_sharing;
-  //! Model-init hook library; relative paths resolve against the model directory.
-  std::string model_init_library;
+
+  friend bool operator==(const core_options&, const core_options&) = default;
+};
+BOOST_DESCRIBE_STRUCT(core_options, (),
+                      (inference_mode, disable_optimized_execution, enable_jit_executor,
+                       enable_jit_profiling, intra_op_thread_count, inter_op_thread_count,
+                       disable_cudnn, enable_tensor_fuser, enable_nvfuser, enable_cache_cleaning))
+
+//! The core's op-library step: custom-op libraries, loaded before the hook and the model.
+struct op_library_options {
   //! Custom-op libraries, ';'-separated.
   std::vector<std::string> op_libraries;
-  //! SMs for green_context_stream.
-  std::optional<bounded<int, 1, 1024>> green_context_sm_count;
-  //! streamed_weights: device bytes for weights in flight, and how far ahead to copy.
-  std::optional<bounded<std::int64_t, 1, std::int64_t{1} << 24>> weight_offload_budget_mb;
-  bounded<int, 0, 64> weight_offload_prefetch_depth = 2;
-  //! aoti_loader: concurrent run() calls, and the model's name inside the package.
-  bounded<int, 1, 256> aoti_num_runners = 1;
-  std::string aoti_model_name = "model";
+
+  friend bool operator==(const op_library_options&, const op_library_options&) = default;
+};
+BOOST_DESCRIBE_STRUCT(op_library_options, (), (op_libraries))
+
+//! The core's warm-up step.
+struct warmup_options {
   //! Runs at load with inputs synthesised from the declared input specs.
   bounded<int, 0, 1000000> warmup_iterations = 0;
 
+  friend bool operator==(const warmup_options&, const warmup_options&) = default;
+};
+BOOST_DESCRIBE_STRUCT(warmup_options, (), (warmup_iterations))
+
+//! Everything a runner can be told at run time: the core's blocks and each policy's block,
+//! composed (as CUTLASS composes each component's Arguments). Each member's key is its name in
+//! upper case (Triton's spelling where Triton has the key): `intra_op_thread_count` is
+//! `INTRA_OP_THREAD_COUNT`. Parsing, printing, the list of keys, the other spellings and which
+//! policy reads a key all come from this one description (the bases in order, then their
+//! members); there is no second table of keys. An unset optional leaves the torch default
+//! alone. A policy's block is declared beside it (graph_options: graphed<Stream>;
+//! dlopen_hook_options; green_context_options; aoti_options; the residency policies' blocks
+//! in residency/weight_options.hpp); a policy names the blocks it reads in `option_blocks`
+//! and takes them from the runner's options by reference to the block. The members are the
+//! blocks' (`o.aoti_num_runners`), as in one flat struct.
+struct runner_options : graph_options,
+                        core_options,
+                        shared_weights_options,
+                        dlopen_hook_options,
+                        op_library_options,
+                        green_context_options,
+                        weight_budget_options,
+                        streamed_weights_options,
+                        aoti_options,
+                        warmup_options {
   friend bool operator==(const runner_options&, const runner_options&) = default;
 };
-BOOST_DESCRIBE_STRUCT(runner_options, (graph_options),
-                      (inference_mode, disable_optimized_execution, enable_jit_executor,
-                       enable_jit_profiling, intra_op_thread_count, inter_op_thread_count,
-                       disable_cudnn, enable_tensor_fuser, enable_nvfuser, enable_cache_cleaning,
-                       enable_weight_sharing, model_init_library, op_libraries,
-                       green_context_sm_count, weight_offload_budget_mb,
-                       weight_offload_prefetch_depth, aoti_num_runners, aoti_model_name,
-                       warmup_iterations))
+BOOST_DESCRIBE_STRUCT(runner_options,
+                      (graph_options, core_options, shared_weights_options, dlopen_hook_options,
+                       op_library_options, green_context_options, weight_budget_options,
+                       streamed_weights_options, aoti_options, warmup_options),
+                      ())
 
 namespace detail {
 
@@ -203,40 +237,69 @@ inline const std::vector<std::string>& option_keys() {
   return keys;
 }
 
-//! Other spellings of keys: Triton's PyTorch 2 runtime calls ENABLE_CACHE_CLEANING
-//! CACHE_CLEANING_ENABLED.
+namespace detail {
+// The blocks runner_options is composed of, in order.
+using option_blocks =
+    boost::describe::describe_bases<runner_options, boost::describe::mod_public>;
+
+//! Calls `f(name)` with the name of each member of the described block `Block`.
+template <class Block, class F>
+void for_each_block_member(F&& f) {
+  boost::mp11::mp_for_each<boost::describe::describe_members<Block, boost::describe::mod_public>>(
+      [&](auto m) { f(m.name); });
+}
+}  // namespace detail
+
+//! Other spellings of keys, from the blocks' `key_aliases`: Triton's PyTorch 2 runtime calls
+//! ENABLE_CACHE_CLEANING CACHE_CLEANING_ENABLED.
 inline const std::map<std::string, std::string, std::less<>>& option_aliases() {
-  static const std::map<std::string, std::string, std::less<>> aliases = {
-      {"CACHE_CLEANING_ENABLED", "ENABLE_CACHE_CLEANING"}};
+  static const std::map<std::string, std::string, std::less<>> aliases = [] {
+    std::map<std::string, std::string, std::less<>> out;
+    boost::mp11::mp_for_each<detail::option_blocks>([&](auto base) {
+      using block = typename decltype(base)::type;
+      if constexpr (requires { block::key_aliases; }) {
+        for (const auto& [alias, key] : block::key_aliases) {
+          out.emplace(std::string(alias), std::string(key));
+        }
+      }
+    });
+    return out;
+  }();
   return aliases;
 }
 
 //! Keys a policy reads and a runner without that policy would ignore, with the policies that
-//! read them. set_option accepts them; the runner refuses one given a value when none of its
-//! policies reads it (detail::check_policy_options).
+//! read them: the keys of every block that says who reads it (`read_by`). set_option accepts
+//! them; the runner refuses one given a value when none of its policies lists the block in
+//! its `option_blocks` (see option_blocks_of).
 inline const std::map<std::string, std::string, std::less<>>& policy_option_readers() {
-  static const std::map<std::string, std::string, std::less<>> readers = {
-      {"MODEL_INIT_LIBRARY", "the hook policy dlopen_hook"},
-      {"GREEN_CONTEXT_SM_COUNT", "the stream policy green_context_stream"},
-      {"WEIGHT_OFFLOAD_BUDGET_MB", "the residency policies streamed_weights and mapped_weights"},
-      {"WEIGHT_OFFLOAD_PREFETCH_DEPTH", "the residency policy streamed_weights"},
-      {"AOTI_NUM_RUNNERS", "the loader aoti_loader"},
-      {"AOTI_MODEL_NAME", "the loader aoti_loader"},
-      {"CUDA_GRAPH_MAX_SHAPES", "the stream adaptor graphed<Stream>"},
-      {"CUDA_GRAPH_BATCH_SIZES", "the stream adaptor graphed<Stream>"}};
+  static const std::map<std::string, std::string, std::less<>> readers = [] {
+    std::map<std::string, std::string, std::less<>> out;
+    boost::mp11::mp_for_each<detail::option_blocks>([&](auto base) {
+      using block = typename decltype(base)::type;
+      if constexpr (requires { block::read_by; }) {
+        detail::for_each_block_member<block>([&](const char* name) {
+          out.emplace(detail::to_upper(name), std::string(block::read_by));
+        });
+      }
+    });
+    return out;
+  }();
   return readers;
 }
 
 namespace detail {
-//! Whether `Policy` reads option `key`: it lists the key in `Policy::reads_options`.
+//! Whether `Policy` reads option `key`: the key names a member of one of its option_blocks.
 template <class Policy>
 bool reads_option(std::string_view key) {
-  if constexpr (requires { Policy::reads_options; }) {
-    for (std::string_view k : Policy::reads_options) {
-      if (k == key) return true;
-    }
-  }
-  return false;
+  bool found = false;
+  boost::mp11::mp_for_each<
+      boost::mp11::mp_transform<boost::mp11::mp_identity, option_blocks_of<Policy>>>(
+      [&](auto b) {
+        for_each_block_member<typename decltype(b)::type>(
+            [&](const char* name) { found = found || to_upper(name) == key; });
+      });
+  return found;
 }
 
 //! Keys of Triton's PyTorch backends that torchloom cannot honour, and why.

@@ -7,10 +7,12 @@
 #include <torchloom/concepts/weight_access.hpp>
 #include <torchloom/error.hpp>
 #include <torchloom/hook/dlopen_hook.hpp>
+#include <torchloom/hook/dlopen_hook_options.hpp>
 #include <torchloom/hook/no_hook.hpp>
 #include <torchloom/hook/static_hook.hpp>
 #include <torchloom/library_trust.hpp>
 #include <torchloom/loader/aoti.hpp>
+#include <torchloom/loader/aoti_options.hpp>
 #include <torchloom/loader/torchscript.hpp>
 #include <torchloom/model_runner.hpp>
 #include <torchloom/model_spec.hpp>
@@ -21,6 +23,7 @@
 #include <torchloom/residency/shared.hpp>
 #include <torchloom/residency/streamed.hpp>
 #include <torchloom/residency/weight_memory.hpp>
+#include <torchloom/residency/weight_options.hpp>
 #include <torchloom/signature.hpp>
 #include <torchloom/stream/adaptive.hpp>
 #include <torchloom/stream/caller.hpp>
@@ -28,6 +31,7 @@
 #include <torchloom/stream/graph_stats.hpp>
 #include <torchloom/stream/graphed.hpp>
 #include <torchloom/stream/green_context.hpp>
+#include <torchloom/stream/green_context_options.hpp>
 #include <torchloom/stream/pool.hpp>
 #include <torchloom/triton_config.hpp>
 #include <torchloom/version.hpp>

@@ -3,11 +3,14 @@
 #include <torchloom/detail/device_current.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
+#include <torchloom/hook/dlopen_hook_options.hpp>
 #include <torchloom/library_trust.hpp>
 #include <torchloom/model_init.h>
 
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
+
+#include <boost/mp11/list.hpp>
 
 #include <dlfcn.h>
 
@@ -31,11 +34,12 @@ namespace torchloom {
 //! dlerror() or the hook's own message, and leaves nothing loaded.
 class dlopen_hook {
  public:
-  //! The option keys this policy reads (a runner without it refuses them).
-  static constexpr std::string_view reads_options[] = {"MODEL_INIT_LIBRARY"};
+  //! The options this policy reads (a runner without it refuses them).
+  using option_blocks = boost::mp11::mp_list<dlopen_hook_options>;
 
   explicit dlopen_hook(const model_context& ctx) {
-    const std::string& library = ctx.options.model_init_library;
+    const dlopen_hook_options& options = ctx.options;
+    const std::string& library = options.model_init_library;
     if (library.empty()) return;
     path_ = detail::trusted_library_path(ctx.name, "MODEL_INIT_LIBRARY", library,
                                          ctx.directory, errc::hook_failed);

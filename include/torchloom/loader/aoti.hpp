@@ -6,10 +6,13 @@
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/detail/torch_error.hpp>
 #include <torchloom/error.hpp>
+#include <torchloom/loader/aoti_options.hpp>
 #include <torchloom/signature.hpp>
 
 #include <ATen/core/ivalue.h>
 #include <c10/core/Device.h>
+
+#include <boost/mp11/list.hpp>
 
 #include <string_view>
 #include <vector>
@@ -166,13 +169,12 @@ inline std::mutex& package_load_mutex() {
 //! synthesise inputs. Needs LibTorch >= 2.6.
 struct aoti_loader {
   using model_type = aoti_model;
-  //! The option keys this policy reads (a runner without it refuses them).
-  static constexpr std::string_view reads_options[] = {"AOTI_NUM_RUNNERS",
-                                                       "AOTI_MODEL_NAME"};
+  //! The options this loader reads (a runner with another loader refuses them).
+  using option_blocks = boost::mp11::mp_list<aoti_options>;
   static constexpr std::string_view default_filename = "model.pt2";
 
   //! The options that change what load() makes (shared_weights shares only equal ones).
-  static std::string load_key(const runner_options& o) {
+  static std::string load_key(const aoti_options& o) {
     return detail::concat("aoti model=", o.aoti_model_name,
                           " runners=", o.aoti_num_runners.value);
   }
@@ -189,7 +191,7 @@ struct aoti_loader {
                   "instance_group KIND_MODEL: an AOTInductor package is compiled for one "
                   "device; use KIND_GPU or KIND_CPU, or a TorchScript model");
     }
-    const auto& opts = ctx.spec.options;
+    const aoti_options& opts = ctx.spec.options;
     model_type m;
     std::vector<std::string> call_spec;
     std::optional<std::vector<std::string>> container;

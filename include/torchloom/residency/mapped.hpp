@@ -8,8 +8,11 @@
 #include <torchloom/detail/weight_graph.hpp>
 #include <torchloom/error.hpp>
 #include <torchloom/residency/weight_memory.hpp>
+#include <torchloom/residency/weight_options.hpp>
 
 #include <ATen/ATen.h>
+
+#include <boost/mp11/list.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -169,8 +172,8 @@ class weight_map final : public weight_source {
 //! loads. A static_assert refuses other loaders. run() may be called from several threads at
 //! once. On a CPU device the weights stay in host memory.
 struct mapped_weights {
-  //! The option keys this policy reads (a runner without it refuses them).
-  static constexpr std::string_view reads_options[] = {"WEIGHT_OFFLOAD_BUDGET_MB"};
+  //! The options this policy reads (a runner without it refuses them).
+  using option_blocks = boost::mp11::mp_list<weight_budget_options>;
   template <class Loader>
   class holder {
     static constexpr bool rewritable = rewritable_weights<Loader>;
@@ -189,7 +192,8 @@ struct mapped_weights {
     holder(const Loader& l, const load_context& ctx)
         : map_(std::make_unique<detail::weight_map>(ctx.spec.name, ctx.device)) {
       detail::require_cuda_build(ctx.spec.name, ctx.device, "mapped_weights");
-      const auto& budget = ctx.spec.options.weight_offload_budget_mb;
+      const weight_budget_options& options = ctx.spec.options;
+      const auto& budget = options.weight_offload_budget_mb;
       const std::int64_t resident = budget ? *budget * (std::int64_t{1} << 20) : 0;
       if constexpr (rewritable) {
         model_ = access::load_on_host(l, ctx);

@@ -3,6 +3,7 @@
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/library_trust.hpp>
 #include <torchloom/options.hpp>
+#include <torchloom/residency/weight_options.hpp>
 
 #include <sys/stat.h>
 
@@ -48,6 +49,10 @@ inline std::string shared_model_key(const load_context& ctx, const std::string& 
 //! run concurrently; runners of one model wait for its one load. run() on shared runners may
 //! run concurrently (the loaders' models allow it).
 struct shared_weights {
+  //! The options this policy reads: its switch, which every runner accepts (see
+  //! shared_weights_options).
+  using option_blocks = boost::mp11::mp_list<shared_weights_options>;
+
   template <class Loader>
   class holder {
     using model_type = typename Loader::model_type;
@@ -93,7 +98,8 @@ struct shared_weights {
     }
 
     static std::shared_ptr<model_type> acquire(const Loader& l, const load_context& ctx) {
-      if (ctx.spec.options.enable_weight_sharing == false) return load(l, ctx);
+      const shared_weights_options& options = ctx.spec.options;
+      if (options.enable_weight_sharing == false) return load(l, ctx);
       const std::string key =
           detail::shared_model_key(ctx, detail::load_key_of<Loader>(ctx.spec.options));
       if (key.empty()) return load(l, ctx);  // no such file: the loader says so

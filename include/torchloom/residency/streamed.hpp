@@ -5,6 +5,9 @@
 #include <torchloom/detail/weight_graph.hpp>
 #include <torchloom/detail/weight_stream.hpp>
 #include <torchloom/residency/weight_memory.hpp>
+#include <torchloom/residency/weight_options.hpp>
+
+#include <boost/mp11/list.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -32,9 +35,8 @@ namespace torchloom {
 //! that writes into a weight or returns one is unsupported. On a CPU device the same schedule
 //! runs with plain memory copies (for tests). The copy engine: torchloom/detail/weight_stream.hpp.
 struct streamed_weights {
-  //! The option keys this policy reads (a runner without it refuses them).
-  static constexpr std::string_view reads_options[] = {"WEIGHT_OFFLOAD_BUDGET_MB",
-                                                       "WEIGHT_OFFLOAD_PREFETCH_DEPTH"};
+  //! The options this policy reads (a runner without it refuses them).
+  using option_blocks = boost::mp11::mp_list<weight_budget_options, streamed_weights_options>;
 
   //! A CUDA graph would replay the first run's copies: graphed<Stream> refuses this policy.
   static constexpr bool graph_capturable = false;
@@ -59,10 +61,13 @@ struct streamed_weights {
         model_ = access::load_on_host(l, ctx);
         detail::weight_rewrite rewrite =
             access::rewrite_weight_reads(model_, *stream_, ctx.spec.name);
-        const auto& opts = ctx.spec.options;
+        const weight_budget_options& budget_options = ctx.spec.options;
+        const streamed_weights_options& own = ctx.spec.options;
         std::optional<std::int64_t> budget;
-        if (opts.weight_offload_budget_mb) budget = *opts.weight_offload_budget_mb;
-        stream_->prepare(rewrite, budget, opts.weight_offload_prefetch_depth);
+        if (budget_options.weight_offload_budget_mb) {
+          budget = *budget_options.weight_offload_budget_mb;
+        }
+        stream_->prepare(rewrite, budget, own.weight_offload_prefetch_depth);
         access::run_unoptimised(model_);
       }
     }

@@ -69,6 +69,7 @@ static_assert(custom_option_value<graph_batch_sizes>);
 //! The settings of graphed<Stream> (torchloom/stream/graphed.hpp), one described block that
 //! runner_options takes in as a base: parsed, printed and listed with every other key.
 struct graph_options {
+  static constexpr std::string_view read_by = "the stream adaptor graphed<Stream>";
   //! CUDA_GRAPH_MAX_SHAPES: how many input signatures keep a captured graph; beyond that the
   //! least recently replayed one is dropped.
   bounded<int, 1, 1024> cuda_graph_max_shapes = 8;

@@ -9,6 +9,8 @@
 #include <ATen/core/ivalue.h>
 #include <c10/core/Device.h>
 
+#include <boost/mp11/list.hpp>
+
 #include <array>
 #include <cstddef>
 #include <memory>
@@ -52,25 +54,9 @@ class graphed {
   using stream_type = Stream;
   //! Runs are captured: the runner checks that the residency policy replays correctly.
   static constexpr bool captures_graphs = true;
-  //! The option keys it reads: the wrapped policy's and its own (a runner without graphed
+  //! The options it reads: the wrapped policy's and its own (a runner without graphed
   //! refuses CUDA_GRAPH_* keys, see policy_option_readers).
-  static constexpr auto reads_options = [] {
-    constexpr std::size_t inner = [] {
-      if constexpr (requires { Stream::reads_options; }) {
-        return std::size(Stream::reads_options);
-      } else {
-        return std::size_t{0};
-      }
-    }();
-    std::array<std::string_view, inner + 2> keys{};
-    std::size_t i = 0;
-    if constexpr (requires { Stream::reads_options; }) {
-      for (std::string_view k : Stream::reads_options) keys[i++] = k;
-    }
-    keys[i++] = "CUDA_GRAPH_MAX_SHAPES";
-    keys[i++] = "CUDA_GRAPH_BATCH_SIZES";
-    return keys;
-  }();
+  using option_blocks = boost::mp11::mp_push_back<option_blocks_of<Stream>, graph_options>;
 
   explicit graphed(const model_context& ctx) : inner_(ctx) {
 #if TORCHLOOM_HAS_CUDA

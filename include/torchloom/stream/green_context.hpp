@@ -4,12 +4,15 @@
 #include <torchloom/detail/stream_fence.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
+#include <torchloom/stream/green_context_options.hpp>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <boost/mp11/list.hpp>
 
 #include <memory>
 #include <optional>
@@ -46,8 +49,8 @@ template <green_partition P>
 class basic_green_context_stream {
  public:
   static constexpr green_partition partition = P;
-  //! The option keys this policy reads (a runner without it refuses them).
-  static constexpr std::string_view reads_options[] = {"GREEN_CONTEXT_SM_COUNT"};
+  //! The options this policy reads (a runner without it refuses them).
+  using option_blocks = boost::mp11::mp_list<green_context_options>;
 
   explicit basic_green_context_stream(const model_context& ctx) {
     if (ctx.device.is_cpu()) return;
@@ -55,7 +58,8 @@ class basic_green_context_stream {
       throw error(errc::unsupported, ctx.name,
                   detail::concat(policy_name(), " needs a CUDA device, not ", ctx.device));
     }
-    const auto& count = ctx.options.green_context_sm_count;
+    const green_context_options& options = ctx.options;
+    const auto& count = options.green_context_sm_count;
     if (!count) {
       throw error(errc::invalid_option, ctx.name,
                   detail::concat("GREEN_CONTEXT_SM_COUNT is not set: ", policy_name(),
@@ -103,8 +107,8 @@ template <green_partition P>
 class basic_green_context_stream {
  public:
   static constexpr green_partition partition = P;
-  //! The option keys this policy reads (a runner without it refuses them).
-  static constexpr std::string_view reads_options[] = {"GREEN_CONTEXT_SM_COUNT"};
+  //! The options this policy reads (a runner without it refuses them).
+  using option_blocks = boost::mp11::mp_list<green_context_options>;
 
   template <class T = void>
   explicit basic_green_context_stream(const model_context&) {

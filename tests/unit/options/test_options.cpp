@@ -2,9 +2,11 @@
 #include "../../support/fixtures.hpp"
 
 #include <torchloom/options.hpp>
+#include <torchloom/torchloom.hpp>
 #include <torchloom/triton_config.hpp>
 
 #include <algorithm>
+#include <map>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -24,6 +26,51 @@ TEST_CASE("option keys are the design's keys, derived from the description", "[o
       "WEIGHT_OFFLOAD_PREFETCH_DEPTH", "AOTI_NUM_RUNNERS",    "AOTI_MODEL_NAME",
       "WARMUP_ITERATIONS"};
   CHECK(torchloom::option_keys() == expected);
+}
+
+TEST_CASE("each policy owns a block of options; the one description still drives the keys",
+          "[options]") {
+  using torchloom::detail::reads_option;
+  // Which policy reads which key comes from the blocks (their read_by), not from a table.
+  const std::map<std::string, std::string, std::less<>> readers = {
+      {"MODEL_INIT_LIBRARY", "the hook policy dlopen_hook"},
+      {"GREEN_CONTEXT_SM_COUNT", "the stream policy green_context_stream"},
+      {"WEIGHT_OFFLOAD_BUDGET_MB", "the residency policies streamed_weights and mapped_weights"},
+      {"WEIGHT_OFFLOAD_PREFETCH_DEPTH", "the residency policy streamed_weights"},
+      {"AOTI_NUM_RUNNERS", "the loader aoti_loader"},
+      {"AOTI_MODEL_NAME", "the loader aoti_loader"},
+      {"CUDA_GRAPH_MAX_SHAPES", "the stream adaptor graphed<Stream>"},
+      {"CUDA_GRAPH_BATCH_SIZES", "the stream adaptor graphed<Stream>"}};
+  CHECK(torchloom::policy_option_readers() == readers);
+  const std::map<std::string, std::string, std::less<>> aliases = {
+      {"CACHE_CLEANING_ENABLED", "ENABLE_CACHE_CLEANING"}};
+  CHECK(torchloom::option_aliases() == aliases);
+
+  // A policy reads the blocks it lists, and only those.
+  CHECK(reads_option<torchloom::dlopen_hook>("MODEL_INIT_LIBRARY"));
+  CHECK_FALSE(reads_option<torchloom::no_hook>("MODEL_INIT_LIBRARY"));
+  CHECK(reads_option<torchloom::green_context_stream>("GREEN_CONTEXT_SM_COUNT"));
+  CHECK(reads_option<torchloom::graphed<torchloom::green_context_stream>>("GREEN_CONTEXT_SM_COUNT"));
+  CHECK(reads_option<torchloom::graphed<torchloom::pool_stream>>("CUDA_GRAPH_BATCH_SIZES"));
+  CHECK_FALSE(reads_option<torchloom::pool_stream>("CUDA_GRAPH_BATCH_SIZES"));
+  CHECK(reads_option<torchloom::streamed_weights>("WEIGHT_OFFLOAD_BUDGET_MB"));
+  CHECK(reads_option<torchloom::streamed_weights>("WEIGHT_OFFLOAD_PREFETCH_DEPTH"));
+  CHECK(reads_option<torchloom::mapped_weights>("WEIGHT_OFFLOAD_BUDGET_MB"));
+  CHECK_FALSE(reads_option<torchloom::mapped_weights>("WEIGHT_OFFLOAD_PREFETCH_DEPTH"));
+  CHECK(reads_option<torchloom::shared_weights>("ENABLE_WEIGHT_SHARING"));
+  CHECK_FALSE(reads_option<torchloom::resident_weights>("WEIGHT_OFFLOAD_BUDGET_MB"));
+  CHECK_FALSE(reads_option<torchloom::torchscript_loader>("AOTI_NUM_RUNNERS"));
+
+  // runner_options is the blocks composed: a policy takes its block by reference, and what
+  // it sets there is the runner's option.
+  runner_options o;
+  torchloom::aoti_options& aoti = o;
+  aoti.aoti_num_runners = 4;
+  CHECK(torchloom::get_option(o, "AOTI_NUM_RUNNERS") == "4");
+  torchloom::set_option(o, "WEIGHT_OFFLOAD_PREFETCH_DEPTH", "5");
+  const torchloom::streamed_weights_options& streamed = o;
+  CHECK(streamed.weight_offload_prefetch_depth == 5);
+  CHECK(o.weight_offload_prefetch_depth == 5);
 }
 
 TEST_CASE("booleans accept every documented spelling in any case", "[options]") {
