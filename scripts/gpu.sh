@@ -26,7 +26,7 @@ LOG="$OUT/gpu-log.txt"
 # Results of an earlier run in the same directory must not reach this run's report.
 rm -f "$OUT"/bm_*.json "$OUT/report.md" "$OUT/latency.png" "$OUT/offload.png"
 BUILD=build-gpu
-JOBS=16
+JOBS="$(nproc)"
 # The caller's limit is 10 minutes; stop starting work well before it.
 BUDGET_S="${GPU_SH_BUDGET_S:-560}"
 START=$SECONDS
