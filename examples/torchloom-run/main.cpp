@@ -2,10 +2,9 @@
 // inputs from one or more threads and prints its outputs, latency and weight memory (as text
 // or JSON). A small, complete program to copy from; see README.md next to it.
 #include "cli.hpp"
+#include "text.hpp"
 
-#include <torchloom/detail/dtype.hpp>
-#include <torchloom/detail/strings.hpp>
-#include <torchloom/detail/torch_error.hpp>
+#include <torchloom/dtype.hpp>
 #include <torchloom/error.hpp>
 #include <torchloom/policy_choice.hpp>
 #include <torchloom/version.hpp>
@@ -33,7 +32,7 @@ namespace tl = torchloom;
 
 std::string dtype_names() {
   std::string out;
-  for (const auto& [name, type] : tl::detail::dtype_names) {
+  for (const auto& [name, type] : tl::dtype_names) {
     out.append(out.empty() ? "" : ", ").append(name);
   }
   return out;
@@ -47,7 +46,7 @@ std::string cuda_version() {
   int driver = 0;
   cudaRuntimeGetVersion(&runtime);
   cudaDriverGetVersion(&driver);
-  return tl::detail::concat("runtime ", runtime / 1000, '.', runtime % 1000 / 10, ", driver ",
+  return cat("runtime ", runtime / 1000, '.', runtime % 1000 / 10, ", driver ",
                             driver / 1000, '.', driver % 1000 / 10);
 #else
   return "none (this build has no torchloom::cuda)";
@@ -58,7 +57,7 @@ namespace {
 
 template <class E>
 std::string names_of() {
-  return tl::detail::quoted_list(tl::policy_names<E>(), " or ");
+  return quoted_list(tl::policy_names<E>(), " or ");
 }
 
 void print_usage(std::ostream& out) {
@@ -93,9 +92,9 @@ void print_usage(std::ostream& out) {
       << "Policy combinations in this build (loader/hook/stream/residency):";
   std::size_t n = 0;
   boost::mp11::mp_for_each<tl::available_choices>([&](auto c) {
-    const tl::policy_choice p = tl::detail::choice_value<decltype(c)>();
+    const tl::policy_choice p = tl::policy_choice_of<decltype(c)>();
     const std::string name =
-        tl::detail::concat(tl::to_string(p.loader), '/', tl::to_string(p.hook), '/',
+        cat(tl::to_string(p.loader), '/', tl::to_string(p.hook), '/',
                            tl::to_string(p.stream), '/', tl::to_string(p.residency));
     if (n++ % 2 == 0) {
       out << "\n  " << std::left << std::setw(38) << name;
@@ -114,7 +113,7 @@ Int parse_int(std::string_view text, Int min, std::string_view what) {
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (text.empty() || ec != std::errc{} || end != text.data() + text.size() || v < min) {
     throw usage_error(
-        tl::detail::concat(what, " must be an integer >= ", min, ", not '", text, "'"));
+        cat(what, " must be an integer >= ", min, ", not '", text, "'"));
   }
   return v;
 }
@@ -142,11 +141,11 @@ cli_args parse_args(int argc, char** argv) {
     }
     const auto value = [&]() -> std::string_view {
       if (inline_value) return *inline_value;
-      if (i + 1 >= argc) throw usage_error(tl::detail::concat(arg, " needs a value"));
+      if (i + 1 >= argc) throw usage_error(cat(arg, " needs a value"));
       return argv[++i];
     };
     const auto flag = [&] {
-      if (inline_value) throw usage_error(tl::detail::concat(arg, " takes no value"));
+      if (inline_value) throw usage_error(cat(arg, " takes no value"));
     };
     if (arg == "--help" || arg == "-h") {
       flag();
@@ -170,7 +169,7 @@ cli_args parse_args(int argc, char** argv) {
       try {
         a.device = c10::Device(std::string(name));
       } catch (const std::exception&) {
-        throw usage_error(tl::detail::concat("unknown device '", name, "'; use cpu or cuda:N"));
+        throw usage_error(cat("unknown device '", name, "'; use cpu or cuda:N"));
       }
     } else if (arg == "--input") {
       a.inputs.emplace_back(value());
@@ -184,11 +183,11 @@ cli_args parse_args(int argc, char** argv) {
       const std::string_view kv = value();
       const auto eq = kv.find('=');
       if (eq == std::string_view::npos) {
-        throw usage_error(tl::detail::concat("--set needs KEY=VALUE, not '", kv, "'"));
+        throw usage_error(cat("--set needs KEY=VALUE, not '", kv, "'"));
       }
       a.options.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
     } else if (arg.starts_with("-") || have_model) {
-      throw usage_error(tl::detail::concat("unexpected argument '", argv[i], "'"));
+      throw usage_error(cat("unexpected argument '", argv[i], "'"));
     } else {
       a.model = arg;
       have_model = true;
@@ -255,7 +254,7 @@ int main(int argc, char** argv) {
     return 1;
   } catch (const std::exception& e) {
     // torch itself (making inputs, synchronising) reports its errors as c10::Error.
-    std::cerr << "torchloom-run: " << tl::detail::torch_message(e) << '\n';
+    std::cerr << "torchloom-run: " << message_of(e) << '\n';
     return 1;
   }
 }

@@ -2,6 +2,7 @@
 // The body of torchloom-run: load, make inputs, run from N threads, report. Included only by
 // the run_<residency>.cpp files, which compile it for their runner types.
 #include "cli.hpp"
+#include "text.hpp"
 
 #include <torchloom/torchloom.hpp>
 #include <torchloom/version.hpp>
@@ -48,9 +49,9 @@ inline at::Tensor random_tensor(const std::vector<std::int64_t>& shape, c10::Sca
 // "8x64:float32" -> a random tensor of that shape and dtype.
 inline at::Tensor parse_input(std::string_view text, c10::Device device) {
   const auto colon = text.rfind(':');
-  const auto dtype = tl::detail::parse_dtype(text.substr(colon == text.npos ? 0 : colon + 1));
+  const auto dtype = tl::parse_dtype(text.substr(colon == text.npos ? 0 : colon + 1));
   if (colon == text.npos || !dtype) {
-    throw usage_error(tl::detail::concat("--input '", text, "': expected SHAPE:DTYPE such as ",
+    throw usage_error(cat("--input '", text, "': expected SHAPE:DTYPE such as ",
                                          "8x64:float32, with DTYPE one of ", dtype_names()));
   }
   std::vector<std::int64_t> shape;
@@ -60,7 +61,7 @@ inline at::Tensor parse_input(std::string_view text, c10::Device device) {
     std::int64_t v = -1;
     const auto [end, ec] = std::from_chars(d.data(), d.data() + d.size(), v);
     if (d.empty() || ec != std::errc{} || end != d.data() + d.size() || v < 0) {
-      throw usage_error(tl::detail::concat("--input '", text, "': '", d,
+      throw usage_error(cat("--input '", text, "': '", d,
                                            "' is not a size (an integer >= 0)"));
     }
     shape.push_back(v);
@@ -80,7 +81,7 @@ inline std::vector<c10::IValue> declared_inputs(const tl::input_signature& sig,
   for (const auto& s : sig) {
     if (s.has_default) break;
     if (!s.is_tensor || !s.dtype || !s.shape) {
-      throw model_error(tl::detail::concat(
+      throw model_error(cat(
           "torchloom-run: model '", spec.name, "' does not declare the dtype and shape of input '",
           s.name, "'; pass --input SHAPE:DTYPE"));
     }
@@ -153,7 +154,7 @@ inline latency_stats summarise(std::vector<double> micros, double wall_seconds) 
        {std::pair<const char*, std::size_t>{"p90", 900}, {"p99", 990}, {"p99.9", 999}}) {
     const std::size_t needed = 1000 / (1000 - per_mille);
     if (s.runs < needed) {
-      s.notes.push_back(tl::detail::concat(name, " needs at least ", needed, " runs to differ ",
+      s.notes.push_back(cat(name, " needs at least ", needed, " runs to differ ",
                                            "from the maximum; with ", s.runs, " it is the maximum"));
     }
   }
@@ -161,7 +162,7 @@ inline latency_stats summarise(std::vector<double> micros, double wall_seconds) 
 }
 
 inline std::string describe(const at::Tensor& t) {
-  return tl::detail::concat(t.sizes(), ' ', tl::detail::dtype_name(t.scalar_type()));
+  return cat(t.sizes(), ' ', tl::dtype_name(t.scalar_type()));
 }
 
 template <class Runner>
@@ -240,7 +241,7 @@ void run_model(const cli_args& a, tl::model_spec spec) {
       << "    \"torchloom\": " << json_string(tl::version_string) << ",\n"
       << "    \"torch\": " << json_string(torch_version()) << ",\n"
       << "    \"cuda\": " << json_string(cuda_version()) << ",\n"
-      << "    \"device\": " << json_string(tl::detail::concat(runner.device())) << ",\n"
+      << "    \"device\": " << json_string(cat(runner.device())) << ",\n"
       << "    \"model\": " << json_string(runner.name()) << ",\n"
       << "    \"model_file\": " << json_string(model_file) << ",\n"
       << "    \"policies\": {\"loader\": " << json_string(tl::to_string(a.policies.loader))
@@ -251,17 +252,15 @@ void run_model(const cli_args& a, tl::model_spec spec) {
     // Every option, from runner_options' description; one left to torch's or the policy's
     // default is null.
     bool first = true;
-    boost::mp11::mp_for_each<tl::detail::option_members>([&](auto m) {
-      const auto& v = runner.options().*m.pointer;
-      j << (first ? "" : ", ") << json_string(tl::detail::to_upper(m.name)) << ": ";
+    tl::for_each_option(runner.options(), [&](const std::string& key,
+                                              const std::optional<std::string>& value) {
+      j << (first ? "" : ", ") << json_string(key) << ": ";
       first = false;
-      if constexpr (tl::detail::is_optional<std::decay_t<decltype(v)>>::value) {
-        if (!v) {
-          j << "null";
-          return;
-        }
+      if (value) {
+        j << json_string(*value);
+      } else {
+        j << "null";
       }
-      j << json_string(tl::detail::format_value(v));
     });
     j << "},\n    \"threads\": " << a.threads << ",\n    \"iterations_per_thread\": "
       << a.iterations << ",\n    \"warmup\": " << a.warmup << ",\n    \"inputs\": [";
@@ -295,7 +294,7 @@ void run_model(const cli_args& a, tl::model_spec spec) {
             << "policies:  " << tl::to_string(a.policies) << '\n';
   const std::string changed = tl::to_string(runner.options(), /*only_changed=*/true);
   std::cout << "options:" << (changed.empty() ? "   defaults" : "") << '\n';
-  for (const auto& line : tl::detail::split(changed, '\n')) {
+  for (const auto& line : lines(changed)) {
     if (!line.empty()) std::cout << "  " << line << '\n';
   }
   for (std::size_t i = 0; i < inputs.size(); ++i) {
@@ -305,7 +304,7 @@ void run_model(const cli_args& a, tl::model_spec spec) {
     std::cout << "output " << i << ":  " << describe(outputs[i]) << '\n';
   }
   const auto bytes = [](std::int64_t b) {
-    return b < 0 ? std::string("unknown") : tl::detail::concat(b, " B");
+    return b < 0 ? std::string("unknown") : cat(b, " B");
   };
   std::cout << "memory:    device " << bytes(mem.device_bytes) << ", high water "
             << bytes(mem.high_water_bytes) << ", budget " << bytes(mem.budget_bytes)

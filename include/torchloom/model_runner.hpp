@@ -6,8 +6,8 @@
 #include <torchloom/context.hpp>
 #include <torchloom/detail/config.hpp>
 #include <torchloom/detail/inputs.hpp>
-#include <torchloom/detail/op_libraries.hpp>
-#include <torchloom/detail/process_settings.hpp>
+#include <torchloom/libraries/op_libraries.hpp>
+#include <torchloom/process_settings.hpp>
 #include <torchloom/detail/runner_core.hpp>
 #include <torchloom/detail/torch_error.hpp>
 #include <torchloom/detail/torch_settings.hpp>

@@ -1,9 +1,9 @@
 #pragma once
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
-#include <torchloom/library_trust.hpp>
+#include <torchloom/libraries/library_trust.hpp>
 #include <torchloom/options.hpp>
-#include <torchloom/triton_config.hpp>
+#include <torchloom/triton/config.hpp>
 
 #include <c10/core/Device.h>
 

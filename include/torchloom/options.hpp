@@ -397,6 +397,23 @@ inline std::string to_string(const runner_options& options, bool only_changed = 
 }
 
 //! One "KEY=value" line per option, in declaration order.
+//! Calls `f(key, value)` (a std::string and a std::optional<std::string>) for every option, in
+//! declaration order: `value` is the option's value as get_option() spells it, or empty for
+//! an optional left to torch's or the policy's default.
+template <class F>
+void for_each_option(const runner_options& options, F&& f) {
+  boost::mp11::mp_for_each<detail::option_members>([&](auto m) {
+    const auto& v = options.*m.pointer;
+    std::optional<std::string> value;
+    if constexpr (detail::is_optional<std::decay_t<decltype(v)>>::value) {
+      if (v) value = detail::format_value(v);
+    } else {
+      value = detail::format_value(v);
+    }
+    f(detail::to_upper(m.name), value);
+  });
+}
+
 inline std::ostream& operator<<(std::ostream& out, const runner_options& options) {
   return out << to_string(options);
 }

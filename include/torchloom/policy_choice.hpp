@@ -234,6 +234,12 @@ using runner_for_choice =
                  typename residency_type_of<mp::mp_at_c<C, 3>::value>::type>;
 }  // namespace detail
 
+//! The policy_choice an element of available_choices stands for.
+template <class Choice>
+constexpr policy_choice policy_choice_of() {
+  return detail::choice_value<Choice>();
+}
+
 //! Every combination of the four enums that this build has a runner type for, as an mp_list
 //! of mp_list<loader, hook, stream, residency> integral constants (in enum order).
 using available_choices = boost::mp11::mp_filter<

@@ -1,7 +1,7 @@
 #pragma once
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
-#include <torchloom/triton_config.hpp>
+#include <torchloom/triton/config.hpp>
 
 #include <ATen/core/jit_type.h>
 #include <c10/core/ScalarType.h>

@@ -10,7 +10,7 @@
 #include <torchloom/hook/dlopen_hook_options.hpp>
 #include <torchloom/hook/no_hook.hpp>
 #include <torchloom/hook/static_hook.hpp>
-#include <torchloom/library_trust.hpp>
+#include <torchloom/libraries/library_trust.hpp>
 #include <torchloom/loader/aoti.hpp>
 #include <torchloom/loader/aoti_options.hpp>
 #include <torchloom/loader/torchscript.hpp>
@@ -33,5 +33,5 @@
 #include <torchloom/stream/green_context.hpp>
 #include <torchloom/stream/green_context_options.hpp>
 #include <torchloom/stream/pool.hpp>
-#include <torchloom/triton_config.hpp>
+#include <torchloom/triton/config.hpp>
 #include <torchloom/version.hpp>

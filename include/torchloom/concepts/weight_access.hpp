@@ -30,7 +30,7 @@ struct weight_rewrite;
 //!  - `rewrite_weight_reads(L::model_type&, const detail::weight_source&, const std::string&
 //!    model) -> detail::weight_rewrite`: before the model first runs, makes every weight read
 //!    a fetch from the source, in execution order, and returns the weights and the schedule
-//!    (torchloom/detail/weight_graph.hpp does it for a TorchScript module); throws
+//!    (torchloom/weights/weight_graph.hpp does it for a TorchScript module); throws
 //!    torchloom::error (unsupported) naming what cannot be rewritten;
 //!  - `run_unoptimised(L::model_type&)`: the model's later runs go without optimisation
 //!    passes that could move or fold its weight reads;

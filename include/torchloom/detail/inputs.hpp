@@ -1,5 +1,5 @@
 #pragma once
-#include <torchloom/detail/dtype.hpp>
+#include <torchloom/dtype.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
 #include <torchloom/signature.hpp>

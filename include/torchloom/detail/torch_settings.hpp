@@ -1,6 +1,6 @@
 #pragma once
 #include <torchloom/detail/config.hpp>
-#include <torchloom/detail/process_settings.hpp>
+#include <torchloom/process_settings.hpp>
 #include <torchloom/model_spec.hpp>
 
 #include <ATen/Context.h>

@@ -1,5 +1,5 @@
 #pragma once
-#include <torchloom/detail/dtype.hpp>
+#include <torchloom/dtype.hpp>
 #include <torchloom/detail/inputs.hpp>
 #include <torchloom/detail/runner_core.hpp>
 #include <torchloom/detail/strings.hpp>
@@ -7,7 +7,7 @@
 #include <torchloom/error.hpp>
 #include <torchloom/model_spec.hpp>
 #include <torchloom/signature.hpp>
-#include <torchloom/triton_config.hpp>
+#include <torchloom/triton/config.hpp>
 
 #include <ATen/Functions.h>
 #include <ATen/core/ivalue.h>

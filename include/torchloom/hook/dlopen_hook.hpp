@@ -4,7 +4,7 @@
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
 #include <torchloom/hook/dlopen_hook_options.hpp>
-#include <torchloom/library_trust.hpp>
+#include <torchloom/libraries/library_trust.hpp>
 #include <torchloom/model_init.h>
 
 #include <c10/core/DeviceGuard.h>
@@ -25,7 +25,7 @@ namespace torchloom {
 //! Runs the model-init hook library that MODEL_INIT_LIBRARY names (C ABI:
 //! torchloom/model_init.h, or Triton's triton_pytorch_model_init). A relative path resolves
 //! against the model directory; the library must pass the trust checks of
-//! torchloom/library_trust.hpp. It is loaded with dlopen(RTLD_NOW | RTLD_LOCAL) and its init
+//! torchloom/libraries/library_trust.hpp. It is loaded with dlopen(RTLD_NOW | RTLD_LOCAL) and its init
 //! runs before the model loads, with the runner's CUDA device current. The destructor runs
 //! fini exactly once (the runner destroys the model first), then dlcloses the library.
 //! Without MODEL_INIT_LIBRARY it does nothing.

@@ -1,7 +1,7 @@
 #pragma once
 #include <torchloom/concepts/loader.hpp>
 #include <torchloom/concepts/weight_access.hpp>
-#include <torchloom/detail/aoti_metadata.hpp>
+#include <torchloom/loader/aoti_metadata.hpp>
 #include <torchloom/detail/config.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/detail/torch_error.hpp>

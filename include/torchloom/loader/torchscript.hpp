@@ -1,11 +1,11 @@
 #pragma once
 #include <torchloom/concepts/loader.hpp>
 #include <torchloom/concepts/weight_access.hpp>
-#include <torchloom/detail/process_settings.hpp>
+#include <torchloom/process_settings.hpp>
 #include <torchloom/detail/strings.hpp>
-#include <torchloom/detail/tensor_storage.hpp>
+#include <torchloom/loader/tensor_storage.hpp>
 #include <torchloom/detail/torch_error.hpp>
-#include <torchloom/detail/weight_graph.hpp>
+#include <torchloom/weights/weight_graph.hpp>
 #include <torchloom/error.hpp>
 
 #include <torch/csrc/jit/passes/tensorexpr_fuser.h>
@@ -196,7 +196,7 @@ static_assert(loader<torchscript_loader>);
 
 //! What the residency policies may do with a TorchScript module's weights, for
 //! torchscript_loader and every loader derived from it that keeps its model type: load it on
-//! the host, rewrite its forward's weight reads into fetches (torchloom/detail/weight_graph.hpp),
+//! the host, rewrite its forward's weight reads into fetches (torchloom/weights/weight_graph.hpp),
 //! run it without the graph executor's optimisation passes, and count its tensor attributes'
 //! bytes on a device. See torchloom/concepts/weight_access.hpp.
 template <class Loader>

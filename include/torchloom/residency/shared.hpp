@@ -1,7 +1,7 @@
 #pragma once
 #include <torchloom/concepts/residency_policy.hpp>
 #include <torchloom/detail/strings.hpp>
-#include <torchloom/library_trust.hpp>
+#include <torchloom/libraries/library_trust.hpp>
 #include <torchloom/options.hpp>
 #include <torchloom/residency/weight_options.hpp>
 

@@ -1,9 +1,9 @@
 #pragma once
 #include <torchloom/concepts/residency_policy.hpp>
 #include <torchloom/concepts/weight_access.hpp>
-#include <torchloom/detail/host_weights.hpp>
-#include <torchloom/detail/weight_graph.hpp>
-#include <torchloom/detail/weight_stream.hpp>
+#include <torchloom/weights/host_weights.hpp>
+#include <torchloom/weights/weight_graph.hpp>
+#include <torchloom/weights/weight_stream.hpp>
 #include <torchloom/residency/weight_memory.hpp>
 #include <torchloom/residency/weight_options.hpp>
 
@@ -22,7 +22,7 @@ namespace torchloom {
 //! The weights live in pinned host memory; the device holds at most
 //! WEIGHT_OFFLOAD_BUDGET_MB of them at once, in one arena, while the model runs. At load, a
 //! pass over the inlined forward graph replaces every weight read with a fetch, in execution
-//! order (detail/weight_graph.hpp); each fetch makes sure its weight has arrived and starts
+//! order (weights/weight_graph.hpp); each fetch makes sure its weight has arrived and starts
 //! copying the next WEIGHT_OFFLOAD_PREFETCH_DEPTH ones on a copy stream of the runner's own,
 //! ordered with the compute stream by events both ways (no host synchronisation). Outputs are
 //! bitwise equal to resident_weights' (the same kernels read the same bytes).
@@ -33,7 +33,7 @@ namespace torchloom {
 //! time per runner: the arena is the budget. A budget below the schedule's minimum is
 //! budget_too_small at load, naming the minimum; no budget at all is invalid_option. A model
 //! that writes into a weight or returns one is unsupported. On a CPU device the same schedule
-//! runs with plain memory copies (for tests). The copy engine: torchloom/detail/weight_stream.hpp.
+//! runs with plain memory copies (for tests). The copy engine: torchloom/weights/weight_stream.hpp.
 struct streamed_weights {
   //! The options this policy reads (a runner without it refuses them).
   using option_blocks = boost::mp11::mp_list<weight_budget_options, streamed_weights_options>;

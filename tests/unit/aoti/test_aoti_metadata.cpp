@@ -3,7 +3,7 @@
 // these run with every LibTorch.
 #include "../../support/catch.hpp"
 
-#include <torchloom/detail/aoti_metadata.hpp>
+#include <torchloom/loader/aoti_metadata.hpp>
 
 #include <stdexcept>
 #include <string>

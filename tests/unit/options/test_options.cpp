@@ -3,7 +3,7 @@
 
 #include <torchloom/options.hpp>
 #include <torchloom/torchloom.hpp>
-#include <torchloom/triton_config.hpp>
+#include <torchloom/triton/config.hpp>
 
 #include <algorithm>
 #include <map>

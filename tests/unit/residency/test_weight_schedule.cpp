@@ -3,7 +3,7 @@
 // checked against hand-worked schedules and, on random ones, against brute force.
 #include "support/catch.hpp"
 
-#include <torchloom/detail/weight_schedule.hpp>
+#include <torchloom/weights/weight_schedule.hpp>
 
 #include <algorithm>
 #include <cstddef>

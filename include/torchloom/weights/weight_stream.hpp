@@ -3,10 +3,10 @@
 //! and the fetch operator's implementation. On a CPU device the same schedule runs with plain
 //! memory copies.
 #include <torchloom/detail/config.hpp>
-#include <torchloom/detail/host_weights.hpp>
+#include <torchloom/weights/host_weights.hpp>
 #include <torchloom/detail/strings.hpp>
-#include <torchloom/detail/weight_graph.hpp>
-#include <torchloom/detail/weight_schedule.hpp>
+#include <torchloom/weights/weight_graph.hpp>
+#include <torchloom/weights/weight_schedule.hpp>
 #include <torchloom/error.hpp>
 #include <torchloom/residency/weight_memory.hpp>
 

@@ -1,6 +1,6 @@
 #pragma once
-#include <torchloom/detail/model_config_schema.hpp>
-#include <torchloom/detail/pbtxt.hpp>
+#include <torchloom/triton/config_schema.hpp>
+#include <torchloom/triton/pbtxt.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
 

@@ -1,5 +1,5 @@
 #pragma once
-#include <torchloom/detail/pbtxt.hpp>
+#include <torchloom/triton/pbtxt.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
 

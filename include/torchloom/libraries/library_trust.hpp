@@ -1,5 +1,5 @@
 #pragma once
-#include <torchloom/detail/elf_dependencies.hpp>
+#include <torchloom/libraries/elf_dependencies.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
 

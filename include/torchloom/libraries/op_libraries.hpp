@@ -1,7 +1,7 @@
 #pragma once
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
-#include <torchloom/library_trust.hpp>
+#include <torchloom/libraries/library_trust.hpp>
 #include <torchloom/model_spec.hpp>
 
 #include <ATen/core/dispatch/Dispatcher.h>

@@ -3,8 +3,8 @@
 //! host side of streamed_weights and mapped_weights.
 #include <torchloom/detail/config.hpp>
 #include <torchloom/detail/strings.hpp>
-#include <torchloom/detail/weight_graph.hpp>
-#include <torchloom/detail/weight_schedule.hpp>
+#include <torchloom/weights/weight_graph.hpp>
+#include <torchloom/weights/weight_schedule.hpp>
 #include <torchloom/error.hpp>
 
 #include <ATen/ATen.h>

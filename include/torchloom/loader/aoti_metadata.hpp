@@ -2,7 +2,7 @@
 // What an AOTInductor package says about its inputs, as text: the call spec's input tree
 // and the optional `torchloom.inputs` metadata entry. Plain string parsing, no AOTI headers,
 // so it builds (and is tested) with every LibTorch.
-#include <torchloom/detail/dtype.hpp>
+#include <torchloom/dtype.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
 #include <torchloom/signature.hpp>

@@ -7,8 +7,10 @@
 #include <string_view>
 #include <utility>
 
-namespace torchloom::detail {
+namespace torchloom {
 
+//! The tensor dtypes by the names users write in Python ("float32"), as in config.pbtxt
+//! checks, error messages and torchloom-run's --input.
 inline constexpr std::array<std::pair<std::string_view, c10::ScalarType>, 10> dtype_names{{
     {"float32", c10::ScalarType::Float},
     {"float64", c10::ScalarType::Double},
@@ -30,6 +32,7 @@ inline std::string dtype_name(c10::ScalarType t) {
   return c10::toString(t);
 }
 
+//! The dtype called `name` (one of dtype_names), or none.
 inline std::optional<c10::ScalarType> parse_dtype(std::string_view name) {
   for (const auto& [n, type] : dtype_names) {
     if (n == name) return type;
@@ -37,4 +40,4 @@ inline std::optional<c10::ScalarType> parse_dtype(std::string_view name) {
   return std::nullopt;
 }
 
-}  // namespace torchloom::detail
+}  // namespace torchloom
