@@ -63,4 +63,8 @@ struct busy_caller {
   }
 };
 
+//! A model whose forward(x) returns (x * 2, the id of the stream it ran on), saved in `t`:
+//! the op that reports the stream is registered once, in unit/stream/test_streams.cpp.
+torchloom::model_spec stream_probe_model(const temp_dir& t);
+
 }  // namespace torchloom_test

@@ -3,12 +3,12 @@
 // tensor vector for run_tensors()) comes back as it is. On CUDA, a pool_stream run's inputs
 // keep their memory until the caller's stream has waited for the run.
 #include "../../support/fixtures.hpp"
+#include "../../support/streams.hpp"
 
 #include <torchloom/torchloom.hpp>
 
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
-#include <torch/library.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -82,17 +82,6 @@ struct linear_model {
   model_spec spec() const { return model_spec::from_directory(dir / "linear"); }
   at::Tensor reference(const at::Tensor& x) const { return at::matmul(x, w.t()) + b; }
 };
-
-// The stream the calling op runs on, as the model sees it: c10's current stream of the
-// input's device (-1 on CPU).
-std::int64_t current_stream_id(const at::Tensor& x) {
-  if (!x.is_cuda()) return -1;
-  return c10::impl::getDeviceGuardImpl(x.device().type())->getStream(x.device()).id();
-}
-
-TORCH_LIBRARY(tl_run_path_test, m) {
-  m.def("current_stream_id(Tensor x) -> int", current_stream_id);
-}
 
 // What a watching_loader does after the model: allocates the inputs' size on `caller` (the
 // caller's stream), as the caller's next kernels could while the model's are still queued.
@@ -206,14 +195,7 @@ TEST_CASE("CUDA: torchscript_loader runs on the run_context's stream, whatever i
           "[stream][cuda]") {
   TORCHLOOM_REQUIRE_CUDA();
   temp_dir t;
-  torch::jit::Module module("probe");
-  torchloom_test::define_with_ops(module, R"(
-def forward(self, x):
-    return (x * 2, tl_run_path_test.current_stream_id(x))
-)",
-                                  {"tl_run_path_test"});
-  module.save((t / "probe.pt").string());
-  const model_spec spec = model_spec::from_file(t / "probe.pt");
+  const model_spec spec = torchloom_test::stream_probe_model(t);
   const c10::Device gpu("cuda:0");
   const torchloom::torchscript_loader loader;
   auto model = loader.load(torchloom::load_context{

@@ -15,6 +15,7 @@
 using torchloom::model_spec;
 using torchloom_test::current_cuda_stream;
 using torchloom_test::pool_cuda_stream;
+using torchloom_test::stream_probe_model;
 using torchloom_test::temp_dir;
 
 namespace {
@@ -28,8 +29,9 @@ std::int64_t current_stream_id(const at::Tensor& x) {
 
 TORCH_LIBRARY(tl_stream_test, m) { m.def("current_stream_id(Tensor x) -> int", current_stream_id); }
 
-// forward(x) -> (x * 2, the stream id the model ran on)
-model_spec stream_probe_model(const temp_dir& t) {
+}  // namespace
+
+model_spec torchloom_test::stream_probe_model(const temp_dir& t) {
   torch::jit::Module m("probe");
   torchloom_test::define_with_ops(m, R"(
 def forward(self, x):
@@ -39,6 +41,8 @@ def forward(self, x):
   m.save((t / "probe.pt").string());
   return model_spec::from_file(t / "probe.pt");
 }
+
+namespace {
 
 template <class Stream>
 using runner = torchloom::model_runner<torchloom::torchscript_loader, torchloom::no_hook, Stream>;
