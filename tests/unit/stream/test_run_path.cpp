@@ -129,36 +129,31 @@ TEST_CASE("run() and run_ivalue() move the inputs into the stream policy, which 
   linear_model m;
   runner<torchloom::torchscript_loader, probe_stream> r(m.spec());
   const at::Tensor x = torch::rand({2, 8});
+  // A fresh copy of x as the one input, and where its data lives.
+  at::Tensor given = x.clone();
+  const void* data = given.data_ptr();
+  std::vector<c10::IValue> inputs;
+  inputs.emplace_back(std::move(given));
+  // The model consumed the inputs it was handed; what the policy kept is still there, and it
+  // is the only holder: the runner kept nothing back.
+  const auto check_owned_by_policy = [&] {
+    CHECK(seen.given == 1);
+    CHECK(seen.held_after_body == 1);
+    CHECK(seen.first_after_body == data);
+    CHECK(seen.owners_after_body == 1);
+    CHECK_FALSE(seen.tensor_result);
+    CHECK(seen.outputs == 1);
+  };
 
   SECTION("run()") {
-    at::Tensor given = x.clone();
-    const void* data = given.data_ptr();
-    std::vector<c10::IValue> inputs;
-    inputs.emplace_back(std::move(given));
     const auto out = r.run(std::move(inputs));
     CHECK(torch::allclose(out.at(0), m.reference(x)));
-    CHECK(seen.given == 1);
-    // The model consumed the inputs it was handed; what the policy kept is still there, and
-    // it is the only holder: the runner kept nothing back.
-    CHECK(seen.held_after_body == 1);
-    CHECK(seen.first_after_body == data);
-    CHECK(seen.owners_after_body == 1);
-    CHECK_FALSE(seen.tensor_result);
-    CHECK(seen.outputs == 1);
+    check_owned_by_policy();
   }
   SECTION("run_ivalue()") {
-    at::Tensor given = x.clone();
-    const void* data = given.data_ptr();
-    std::vector<c10::IValue> inputs;
-    inputs.emplace_back(std::move(given));
     const c10::IValue out = r.run_ivalue(std::move(inputs));
     CHECK(torch::allclose(out.toTensor(), m.reference(x)));
-    CHECK(seen.given == 1);
-    CHECK(seen.held_after_body == 1);
-    CHECK(seen.first_after_body == data);
-    CHECK(seen.owners_after_body == 1);
-    CHECK_FALSE(seen.tensor_result);
-    CHECK(seen.outputs == 1);
+    check_owned_by_policy();
   }
   SECTION("run_tensors() with a loader that has no tensor path: run()'s way") {
     const auto out = r.run_tensors({x});
