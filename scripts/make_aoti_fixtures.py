@@ -23,10 +23,21 @@ outputs depend on tables the test registers, so it has no reference.pt.
 The other fixtures declare their inputs inside the package: the metadata entry
 "torchloom.inputs" ("x:float32[-1,64];ids:int64[-1,4]"; -1 is a dynamic dimension), set at
 compile time through inductor_configs={"aot_inductor.metadata": {...}}. torchloom's
-aoti_loader reads it back; declared_inputs() below is how to make it for any exported program.
+aoti_loader reads it back; declared_inputs() in torchloom_export.py is how to make it for any
+exported program.
 
-Cached: OUTDIR/.stamp holds a hash of this file, the torch version and whether CUDA is
-available; when it matches, nothing is rebuilt.
+The stream_* fixtures (CUDA) are made by torchloom_export.export_model with offload on: a
+config.pbtxt, the package (no constants inside, every weight read through
+torchloom::stream_weight) and 1/weights.pt, for streamed_weights:
+  stream_mlp_cuda    8 x Linear(512, 512) with ReLU between: about 8 MiB of fp32 weights
+                     (biases included), so a 2 MiB budget is 4x below them; x float32
+                     [-1, 512];
+  stream_fused_cuda  Linear(512, 512), then h * a + b * c with a, b, c parameters of shape
+                     [512]: inductor fuses that pointwise tail into one kernel, which reads
+                     three fetched weights.
+
+Cached: OUTDIR/.stamp holds a hash of this file and torchloom_export.py, the torch version
+and whether CUDA is available; when it matches, nothing is rebuilt.
 """
 
 import ctypes
@@ -39,9 +50,14 @@ import time
 import torch
 from torch import nn
 
-FIXTURES = ("mlp_cpu", "mlp_cuda", "two_inputs_cuda", "lookup_cpu")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torchloom_export import TensorBuffers, declared_inputs, export_model  # noqa: E402
+
+FIXTURES = ("mlp_cpu", "mlp_cuda", "two_inputs_cuda", "lookup_cpu", "stream_mlp_cuda",
+            "stream_fused_cuda")
 LOOKUP_WIDTH = 4  # the width of the hook tests' embedding tables
 FEATURES = 64  # the MLPs' input width (the C++ tests use it)
+STREAM_WIDTH = 512  # the stream_* fixtures' width
 
 
 class Mlp(nn.Module):
@@ -66,6 +82,37 @@ class TwoInputs(nn.Module):
 
     def forward(self, x, ids):
         return self.proj(x) + self.table(ids).sum(1)
+
+
+class StreamMlp(nn.Module):
+    """8 x Linear(512, 512) with ReLU between: [batch, 512] -> [batch, 512]; 8 MiB of fp32
+    weights in all (each layer 1 MiB and its 2 KiB bias)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(STREAM_WIDTH, STREAM_WIDTH) for _ in range(8))
+
+    def forward(self, x):
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i + 1 < len(self.layers):
+                x = torch.relu(x)
+        return x
+
+
+class StreamFused(nn.Module):
+    """lin(x) * a + b * c: the pointwise tail is one fused kernel reading a, b and c."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(STREAM_WIDTH, STREAM_WIDTH)
+        self.a = nn.Parameter(torch.randn(STREAM_WIDTH))
+        self.b = nn.Parameter(torch.randn(STREAM_WIDTH))
+        self.c = nn.Parameter(torch.randn(STREAM_WIDTH))
+
+    def forward(self, x):
+        h = self.lin(x)
+        return h * self.a + self.b * self.c
 
 
 class Lookup(nn.Module):
@@ -93,29 +140,17 @@ def load_op_library(path):
                                    ctypes.c_int(-1), error, ctypes.c_size_t(len(error)))
 
 
-class _Tensors(nn.Module):
-    """Holds tensors as buffers, so that TorchScript saves them for C++ to read."""
-
-    def __init__(self, tensors):
-        super().__init__()
-        for name, t in tensors.items():
-            self.register_buffer(name, t)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-
-def declared_inputs(ep):
-    """The "torchloom.inputs" metadata value for an exported program: each user input's
-    name, dtype and shape, -1 where the dimension is dynamic."""
-    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
-    entries = []
-    for name in ep.graph_signature.user_inputs:
-        val = placeholders[name].meta["val"]
-        dims = ",".join(str(d) if isinstance(d, int) else "-1" for d in val.shape)
-        dtype = str(val.dtype).removeprefix("torch.")
-        entries.append(f"{name}:{dtype}[{dims}]")
-    return ";".join(entries)
+def save_reference(directory, model, reference_inputs, device):
+    """Runs `model` (on `device`, in eval mode) on reference_inputs in eager PyTorch and
+    saves the inputs and outputs as DIRECTORY/reference.pt."""
+    reference_inputs = tuple(t.to(device) for t in reference_inputs)
+    with torch.no_grad():
+        outputs = model(*reference_inputs)
+    if isinstance(outputs, torch.Tensor):
+        outputs = (outputs,)
+    tensors = {f"in{i}": t.detach().cpu() for i, t in enumerate(reference_inputs)}
+    tensors.update({f"out{i}": t.detach().cpu() for i, t in enumerate(outputs)})
+    torch.jit.script(TensorBuffers(tensors)).save(os.path.join(directory, "reference.pt"))
 
 
 def build(outdir, name, model, sample, reference_inputs, dynamic_shapes, device,
@@ -135,14 +170,7 @@ def build(outdir, name, model, sample, reference_inputs, dynamic_shapes, device,
     torch._inductor.aoti_compile_and_package(
         ep, package_path=package, inductor_configs={"aot_inductor.metadata": metadata})
     if reference_inputs is not None:
-        reference_inputs = tuple(t.to(device) for t in reference_inputs)
-        with torch.no_grad():
-            outputs = model(*reference_inputs)
-        if isinstance(outputs, torch.Tensor):
-            outputs = (outputs,)
-        tensors = {f"in{i}": t.detach().cpu() for i, t in enumerate(reference_inputs)}
-        tensors.update({f"out{i}": t.detach().cpu() for i, t in enumerate(outputs)})
-        torch.jit.script(_Tensors(tensors)).save(os.path.join(directory, "reference.pt"))
+        save_reference(directory, model, reference_inputs, device)
     if config:
         with open(os.path.join(directory, "config.pbtxt"), "w", encoding="utf-8") as f:
             f.write(config)
@@ -151,10 +179,23 @@ def build(outdir, name, model, sample, reference_inputs, dynamic_shapes, device,
           flush=True)
 
 
+def build_streamed(outdir, name, model, sample, reference_inputs):
+    """Makes OUTDIR/NAME with torchloom_export.export_model (offload on, CUDA, the batch
+    dynamic) and saves the reference next to it."""
+    started = time.time()
+    directory = export_model(model, sample, os.path.join(outdir, name), name=name,
+                             device="cuda", offload=True)
+    save_reference(directory, model, reference_inputs, "cuda")
+    print(f"make_aoti_fixtures: {name} (cuda, weights streamed) in "
+          f"{time.time() - started:.0f}s", flush=True)
+
+
 def stamp(op_library):
     h = hashlib.sha256()
-    with open(os.path.abspath(__file__), "rb") as f:
-        h.update(f.read())
+    here = os.path.dirname(os.path.abspath(__file__))
+    for script in ("make_aoti_fixtures.py", "torchloom_export.py"):
+        with open(os.path.join(here, script), "rb") as f:
+            h.update(f.read())
     h.update(f"torch {torch.__version__} cuda {torch.version.cuda} "
              f"available {torch.cuda.is_available()} op library {bool(op_library)}".encode())
     return h.hexdigest()
@@ -199,6 +240,10 @@ def main(argv):
               (torch.randn(8, 16), torch.randint(0, 100, (8, 4))),
               (torch.randn(5, 16), torch.randint(0, 100, (5, 4))),
               {"x": {0: batch}, "ids": {0: batch}}, "cuda", declare_in_metadata=True)
+        build_streamed(outdir, "stream_mlp_cuda", StreamMlp(),
+                       (torch.randn(8, STREAM_WIDTH),), (torch.randn(5, STREAM_WIDTH),))
+        build_streamed(outdir, "stream_fused_cuda", StreamFused(),
+                       (torch.randn(8, STREAM_WIDTH),), (torch.randn(5, STREAM_WIDTH),))
     else:
         print("make_aoti_fixtures: no CUDA device: the CUDA packages are left out")
     if op_library:
