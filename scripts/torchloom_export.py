@@ -126,10 +126,12 @@ def stream_weights(ep):
     define_stream_weight()
     op = torch.ops.torchloom.stream_weight.default
     sig = ep.graph_signature
-    if sig.buffers_to_mutate:
-        raise ValueError("the model writes into its buffers "
-                         f"({', '.join(sorted(sig.buffers_to_mutate.values()))}): "
-                         "export it in eval mode, or without offload")
+    written = dict(sig.buffers_to_mutate)
+    written.update(getattr(sig, "parameters_to_mutate", {}))
+    if written:
+        names = ", ".join(sorted(written.values()))
+        raise ValueError(f"the model writes into its weights ({names}): export it in eval "
+                         "mode, or without offload")
     weights = dict(sig.inputs_to_parameters)
     weights.update(sig.inputs_to_buffers)
     weights.update(getattr(sig, "inputs_to_lifted_tensor_constants", {}))
