@@ -214,11 +214,13 @@ def _config(name, ep, batch_dynamic, max_batch, output_names):
                 raise ValueError(f"output '{n}' does not have the batch as its first "
                                  "dimension: export it with batch_dynamic=False")
 
+    def entry(n, v):
+        dims = _dims(v, batch_dynamic)  # none: a scalar (per batch element); no dims field
+        shape = f' dims: [ {", ".join(str(d) for d in dims)} ]' if dims else ""
+        return f'  {{ name: "{n}" data_type: {_TRITON_TYPES[v.dtype]}{shape} }}'
+
     def entries(names, values):
-        return ",\n".join(
-            f'  {{ name: "{n}" data_type: {_TRITON_TYPES[v.dtype]} '
-            f'dims: [ {", ".join(str(d) for d in _dims(v, batch_dynamic))} ] }}'
-            for n, v in zip(names, values))
+        return ",\n".join(entry(n, v) for n, v in zip(names, values))
 
     lines = [f'name: "{name}"', 'backend: "torchloom"']
     if batch_dynamic:
