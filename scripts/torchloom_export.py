@@ -234,7 +234,9 @@ def export_model(model, example_inputs, out_dir, *, name=None, device="cuda",
                  batch_dynamic=True, max_batch=4096, offload=True, output_names=None):
     """Exports `model` on `example_inputs` (a tuple of positional arguments), compiles it
     with AOTInductor for `device` and writes the model directory `out_dir` (see the module's
-    description). `name` defaults to the directory's name. Returns `out_dir`."""
+    description). `model` is moved to `device` and put in eval mode (nn.Module.to moves it in
+    place); the tensors among `example_inputs` are moved there too. `name` defaults to the
+    directory's name. Returns `out_dir`, as an absolute path."""
     out_dir = os.path.abspath(out_dir)
     name = name or os.path.basename(out_dir)
     model = model.to(device).eval()
