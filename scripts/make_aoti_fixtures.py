@@ -29,9 +29,9 @@ exported program.
 The stream_* fixtures (CUDA) are made by torchloom_export.export_model with offload on: a
 config.pbtxt, the package (no constants inside, every weight read through
 torchloom::stream_weight) and 1/weights.pt, for streamed_weights:
-  stream_mlp_cuda    8 x Linear(512, 512) with ReLU between: about 8 MiB of fp32 weights
-                     (biases included), so a 2 MiB budget is 4x below them; x float32
-                     [-1, 512];
+  stream_mlp_cuda    8 x Linear(2048, 2048) with ReLU between: 128 MiB of fp32 weights
+                     (and 64 KiB of biases), so a 32 MiB budget is 4x below them; x float32
+                     [-1, 2048];
   stream_fused_cuda  Linear(512, 512), then h * a + b * c with a, b, c parameters of shape
                      [512]: inductor fuses that pointwise tail into one kernel, which reads
                      three fetched weights.
@@ -57,7 +57,8 @@ FIXTURES = ("mlp_cpu", "mlp_cuda", "two_inputs_cuda", "lookup_cpu", "stream_mlp_
             "stream_fused_cuda")
 LOOKUP_WIDTH = 4  # the width of the hook tests' embedding tables
 FEATURES = 64  # the MLPs' input width (the C++ tests use it)
-STREAM_WIDTH = 512  # the stream_* fixtures' width
+STREAM_WIDTH = 512  # stream_fused_cuda's width
+STREAM_MLP_WIDTH = 2048  # stream_mlp_cuda's width
 
 
 class Mlp(nn.Module):
@@ -85,12 +86,12 @@ class TwoInputs(nn.Module):
 
 
 class StreamMlp(nn.Module):
-    """8 x Linear(512, 512) with ReLU between: [batch, 512] -> [batch, 512]; 8 MiB of fp32
-    weights in all (each layer 1 MiB and its 2 KiB bias)."""
+    """8 x Linear(2048, 2048) with ReLU between: [batch, 2048] -> [batch, 2048]; 128 MiB of
+    fp32 weights in all (each layer 16 MiB and its 8 KiB bias)."""
 
     def __init__(self):
         super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(STREAM_WIDTH, STREAM_WIDTH) for _ in range(8))
+        self.layers = nn.ModuleList(nn.Linear(STREAM_MLP_WIDTH, STREAM_MLP_WIDTH) for _ in range(8))
 
     def forward(self, x):
         for i, layer in enumerate(self.layers):
@@ -241,7 +242,7 @@ def main(argv):
               (torch.randn(5, 16), torch.randint(0, 100, (5, 4))),
               {"x": {0: batch}, "ids": {0: batch}}, "cuda", declare_in_metadata=True)
         build_streamed(outdir, "stream_mlp_cuda", StreamMlp(),
-                       (torch.randn(8, STREAM_WIDTH),), (torch.randn(5, STREAM_WIDTH),))
+                       (torch.randn(8, STREAM_MLP_WIDTH),), (torch.randn(5, STREAM_MLP_WIDTH),))
         build_streamed(outdir, "stream_fused_cuda", StreamFused(),
                        (torch.randn(8, STREAM_WIDTH),), (torch.randn(5, STREAM_WIDTH),))
     else:

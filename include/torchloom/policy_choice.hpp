@@ -119,18 +119,13 @@ inline std::string to_string(const policy_choice& c) {
 }
 
 //! Why `c` has no runner type in this build (a sentence), or an empty view when it has one.
-//! Unavailable: aoti without LibTorch >= 2.6, green without torchloom::cuda, and streamed
-//! weights with aoti (streamed_weights is TorchScript only; mapped_weights maps packages).
+//! Unavailable: aoti without LibTorch >= 2.6 and green without torchloom::cuda.
 constexpr std::string_view why_unavailable(const policy_choice& c) noexcept {
   if (c.loader == loader_kind::aoti && TORCHLOOM_TORCH_VERSION < 20600) {
     return "the aoti loader needs LibTorch >= 2.6, and this build has an older one";
   }
   if (c.stream == stream_kind::green && !TORCHLOOM_HAS_CUDA) {
     return "the green stream policy needs CUDA (torchloom::cuda), and this build has none";
-  }
-  if (c.loader == loader_kind::aoti && c.residency == residency_kind::streamed) {
-    return "streamed weights are for TorchScript models; use mapped weights for AOTInductor "
-           "packages";
   }
   return {};
 }

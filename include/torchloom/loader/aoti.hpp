@@ -7,6 +7,7 @@
 #include <torchloom/detail/torch_error.hpp>
 #include <torchloom/error.hpp>
 #include <torchloom/loader/aoti_options.hpp>
+#include <torchloom/weights/weight_graph.hpp>
 #include <torchloom/signature.hpp>
 
 #include <ATen/core/ivalue.h>
@@ -22,6 +23,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/StreamGuard.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <torchloom/loader/aoti_weights.hpp>
 #if TORCHLOOM_HAS_CUDA
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -55,6 +57,11 @@ struct aoti_model {
   std::unique_ptr<std::mutex> single_run;
   input_signature inputs;  //!< count and names from the package, dtype/shape where declared
   std::unordered_map<std::string, std::string> metadata;  //!< the package's metadata map
+  c10::Device device{c10::kCPU};  //!< where it runs
+  //! A package exported for streaming: its weights as installed (on the device, or in host
+  //! memory for streamed_weights; the package holds only their addresses) and its reads.
+  std::vector<at::Tensor> weights;
+  std::unique_ptr<detail::package_reads> reads;
 };
 
 namespace detail {
@@ -144,6 +151,53 @@ struct container_inputs : torch::inductor::AOTIModelContainerRunner {
   }
 };
 
+//! The package's constants as its model library declares them (name, dtype, byte size),
+//! through the same entry points; empty where they cannot be read.
+struct container_constants : torch::inductor::AOTIModelContainerRunner {
+  static std::vector<package_constant> read(torch::inductor::AOTIModelContainerRunner* runner) {
+    std::vector<package_constant> out;
+    if (runner == nullptr) return out;
+    const auto handle = runner->*(&container_constants::container_handle_);
+    at::DynamicLibrary* library = (runner->*(&container_constants::model_so_)).get();
+    if (handle == nullptr || library == nullptr) return out;
+    using count_fn = int32_t (*)(AOTInductorModelContainerHandle, std::size_t*);
+    using name_fn = int32_t (*)(AOTInductorModelContainerHandle, std::size_t, const char**);
+    using dtype_fn = int32_t (*)(AOTInductorModelContainerHandle, std::size_t, int32_t*);
+    using size_fn = int32_t (*)(AOTInductorModelContainerHandle, std::size_t, std::size_t*);
+    try {
+      const auto count_of = reinterpret_cast<count_fn>(
+          library->sym("AOTInductorModelContainerGetNumConstants"));
+      const auto fqn_of = reinterpret_cast<name_fn>(
+          library->sym("AOTInductorModelContainerGetConstantOriginalFQN"));
+      const auto dtype_of = reinterpret_cast<dtype_fn>(
+          library->sym("AOTInductorModelContainerGetConstantDtype"));
+      size_fn size_of = nullptr;
+      try {
+        size_of = reinterpret_cast<size_fn>(
+            library->sym("AOTInductorModelContainerGetConstantDataSize"));
+      } catch (const std::exception&) {
+        size_of = nullptr;  // older packages: no size check
+      }
+      std::size_t n = 0;
+      if (count_of(handle, &n) != 0) return {};
+      for (std::size_t i = 0; i < n; ++i) {
+        package_constant c;
+        const char* name = nullptr;
+        if (fqn_of(handle, i, &name) != 0 || name == nullptr) return {};
+        c.fqn = name;
+        int32_t code = 0;
+        if (dtype_of(handle, i, &code) == 0) c.dtype = static_cast<c10::ScalarType>(code);
+        std::size_t bytes = 0;
+        if (size_of != nullptr && size_of(handle, i, &bytes) == 0) c.bytes = bytes;
+        out.push_back(std::move(c));
+      }
+    } catch (const std::exception&) {
+      return {};
+    }
+    return out;
+  }
+};
+
 //! One lock for every package load in the process: some LibTorch versions parse a package's
 //! JSON files into a function-local static, which two loads at once would share.
 inline std::mutex& package_load_mutex() {
@@ -182,7 +236,28 @@ struct aoti_loader {
   //! Throws model_not_found (no file), load_failed (not a zip archive; torch could not load
   //! it, its message kept; a malformed declaration), unsupported (a package for another
   //! device type; AOTI_NUM_RUNNERS > 1 where this LibTorch cannot).
-  model_type load(const load_context& ctx) const {
+  //! A package exported for streaming (scripts/torchloom_export.py) gets its weights from
+  //! `weights.pt` beside it, copied to the device; load_failed when that file is missing or
+  //! does not match the package.
+  model_type load(const load_context& ctx) const { return load_package(ctx, true); }
+
+  //! For streamed_weights: a package exported for streaming, with its weights installed in
+  //! host memory (the policy places them). unsupported for another package.
+  model_type load_streamable(const load_context& ctx) const {
+    model_type m = load_package(ctx, false);
+    if (!m.reads) {
+      throw error(errc::unsupported, ctx.spec.name,
+                  detail::concat("streamed_weights: AOTInductor package '", ctx.file.string(),
+                                 "' was not exported for streaming (it has no '",
+                                 detail::aoti_stream_weights_key,
+                                 "' metadata): export it with scripts/torchloom_export.py "
+                                 "(offload on), or use mapped_weights"));
+    }
+    return m;
+  }
+
+ private:
+  model_type load_package(const load_context& ctx, bool weights_on_device) const {
     const std::string& name = ctx.spec.name;
     const std::string file = ctx.file.string();
     detail::check_package_file(name, ctx.file);
@@ -225,8 +300,50 @@ struct aoti_loader {
     }
     check_device(name, file, m.metadata, ctx.device);
     m.inputs = declared_inputs(name, file, m.metadata, call_spec, container);
+    m.device = ctx.device;
+    if (m.metadata.contains(std::string(detail::aoti_stream_weights_key))) {
+      install_package_weights(m, ctx, weights_on_device);
+    }
     return m;
   }
+
+  // A package exported for streaming: reads weights.pt and installs its tensors as the
+  // package's constants (user-managed: the model keeps them), on the device or on the host.
+  static void install_package_weights(model_type& m, const load_context& ctx, bool on_device) {
+    const std::string& name = ctx.spec.name;
+    const std::filesystem::path file = ctx.file.parent_path() / detail::aoti_weights_file;
+    ctx.spec.require_inside(file, "the package's weights file", errc::load_failed);
+    std::vector<std::string> names =
+        detail::split(m.metadata.at(std::string(detail::aoti_stream_weights_key)), ';');
+    std::vector<at::Tensor> tensors = detail::read_package_weights(
+        name, file, names, detail::container_constants::read(m.package->get_runner()));
+    try {
+      std::unordered_map<std::string, at::Tensor> constants;
+      for (std::size_t i = 0; i < names.size(); ++i) {
+        if (on_device) tensors[i] = tensors[i].to(ctx.device);
+        constants.emplace(names[i], tensors[i]);
+      }
+      std::optional<c10::DeviceGuard> guard;
+      if (ctx.device.is_cuda()) guard.emplace(ctx.device);
+      auto* runner = m.package->get_runner();
+      m.package->load_constants(constants, /*use_inactive=*/true, /*check_full_update=*/true,
+                                /*user_managed=*/true);
+      runner->swap_constant_buffer();
+      runner->free_inactive_constant_buffer();
+    } catch (const error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw error(errc::load_failed, name,
+                  detail::concat("cannot install the package's weights from '", file.string(),
+                                 "': ", detail::torch_message(e)));
+    }
+    m.weights = std::move(tensors);
+    if (!on_device) {
+      m.reads = std::make_unique<detail::package_reads>(name, std::move(names), ctx.device);
+    }
+  }
+
+ public:
 
   //! The inputs load() found.
   input_signature signature(const model_type& m) const { return m.inputs; }
@@ -265,6 +382,9 @@ struct aoti_loader {
   static std::vector<at::Tensor> call(model_type& m, const run_context& rc, Run&& run) {
     std::unique_lock<std::mutex> one_at_a_time;
     if (m.single_run) one_at_a_time = std::unique_lock(*m.single_run);
+    detail::package_reads* reads = m.reads && m.reads->serving() ? m.reads.get() : nullptr;
+    if (reads != nullptr) reads->begin();
+    const detail::active_reads_scope serving(reads);
     try {
       if (rc.device.is_cuda()) {
 #if TORCHLOOM_HAS_CUDA
@@ -280,6 +400,9 @@ struct aoti_loader {
       }
       return run(*m.package, nullptr);
     } catch (const std::exception& e) {
+      // A weight read's own error (streamed_weights), which the package reports only as a
+      // failed call.
+      if (reads != nullptr && reads->failure()) std::rethrow_exception(reads->failure());
       const std::string why = detail::torch_message(e);
       if (why.find("API call failed") == std::string::npos) throw;
       // The package's own error (an operator's message, say) does not reach here: AOTInductor
@@ -375,10 +498,14 @@ static_assert(loader<aoti_loader>);
 static_assert(tensor_loader<aoti_loader>);
 
 //! What the residency policies may do with an AOTInductor package's weights, for aoti_loader
-//! and every loader derived from it that keeps its model type: read its constants and
-//! replace them with tensors of the caller's (user-managed constants in the package's second
-//! constant buffer, which becomes the active one; the package's own copies are freed). See
-//! torchloom/concepts/weight_access.hpp.
+//! and every loader derived from it that keeps its model type (see
+//! torchloom/concepts/weight_access.hpp):
+//!  - swap its constants (mapped_weights): read them and replace them with tensors of the
+//!    caller's (user-managed constants in the package's second constant buffer, which
+//!    becomes the active one; the package's own copies are freed);
+//!  - rewrite its weight reads (streamed_weights), for a package exported for streaming,
+//!    whose reads already call the fetch operator: record their order on a first run;
+//!  - measure the device bytes of its constants (resident_weights, shared_weights).
 template <class Loader>
   requires std::derived_from<Loader, aoti_loader> &&
            std::same_as<typename Loader::model_type, aoti_model>
@@ -398,10 +525,83 @@ struct weight_access<Loader> {
                               /*user_managed=*/true);
     runner->swap_constant_buffer();
     runner->free_inactive_constant_buffer();
+    m.weights.clear();  // a streaming package's weights, installed from weights.pt
   }
+
+  //! The bytes of the package's constants on `device` (each storage once).
+  static std::int64_t device_bytes(const aoti_model& m, c10::Device device) {
+    std::int64_t bytes = 0;
+    std::vector<const void*> seen;
+    for (const auto& [name, t] :
+         m.package->get_runner()->extract_constants_map(/*use_inactive=*/false)) {
+      if (!t.defined() || t.device() != device) continue;
+      const void* storage = t.storage().unsafeGetStorageImpl();
+      if (std::find(seen.begin(), seen.end(), storage) != seen.end()) continue;
+      seen.push_back(storage);
+      bytes += static_cast<std::int64_t>(t.storage().nbytes());
+    }
+    return bytes;
+  }
+
+  //! Streaming (rewritable_weights, for a package exported for streaming): the package with
+  //! its weights in host memory; unsupported for another package.
+  static aoti_model load_on_host(const Loader& l, const load_context& ctx) {
+    return l.load_streamable(ctx);
+  }
+
+  //! The package's weight reads already call the fetch operator: runs it once on synthesised
+  //! inputs (zeros; free dimensions 1), each read from a temporary device copy, to record the
+  //! order of its reads and when each read's tensor is let go (its kernels are enqueued);
+  //! then serves its later runs' reads from `source`. unsupported when the package does not
+  //! declare its inputs' dtypes and shapes.
+  static detail::weight_rewrite rewrite_weight_reads(aoti_model& m,
+                                                     const detail::weight_source& source,
+                                                     const std::string& model) {
+    std::vector<at::Tensor> inputs;
+    for (const input_spec& s : m.inputs) {
+      if (!s.dtype || !s.shape) {
+        throw error(errc::unsupported, model,
+                    detail::concat("streamed_weights: the package does not declare input ",
+                                   s.name.empty() ? std::string("#") + std::to_string(inputs.size())
+                                                  : "'" + s.name + "'",
+                                   "'s dtype and shape ('", detail::aoti_inputs_key,
+                                   "' metadata, which scripts/torchloom_export.py writes): its "
+                                   "first run at load, on synthesised inputs, records the "
+                                   "order of its weight reads"));
+      }
+      std::vector<std::int64_t> shape = *s.shape;
+      for (auto& d : shape) d = d < 0 ? 1 : d;
+      inputs.push_back(at::zeros(shape, at::TensorOptions().dtype(*s.dtype).device(m.device)));
+    }
+    detail::package_reads& reads = *m.reads;
+    detail::weight_rewrite rewrite = reads.record_with(m.weights, [&] {
+      const detail::active_reads_scope serving(&reads);
+      std::optional<c10::DeviceGuard> guard;
+      if (m.device.is_cuda()) guard.emplace(m.device);
+      try {
+        (void)m.package->run(inputs, nullptr);
+      } catch (const std::exception& e) {
+        if (reads.failure()) std::rethrow_exception(reads.failure());
+        throw error(errc::load_failed, model,
+                    detail::concat("streamed_weights: the package's first run, which records "
+                                   "its weight reads, failed: ",
+                                   detail::torch_message(e)));
+      }
+    });
+    // The engine's fetch is not const; the source only lends its address here, as it does
+    // to TorchScript's rewritten graph.
+    reads.bind(const_cast<detail::weight_source&>(source));
+    return rewrite;
+  }
+
+  //! Nothing to turn off: the package is compiled.
+  static void run_unoptimised(aoti_model&) noexcept {}
+  struct unoptimised_scope {};
 };
 
 static_assert(swappable_constants<aoti_loader>);
+static_assert(rewritable_weights<aoti_loader>);
+static_assert(measurable_weights<aoti_loader>);
 
 #else
 

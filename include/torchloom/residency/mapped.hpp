@@ -195,15 +195,17 @@ struct mapped_weights {
       const weight_budget_options& options = ctx.spec.options;
       const auto& budget = options.weight_offload_budget_mb;
       const std::int64_t resident = budget ? *budget * (std::int64_t{1} << 20) : 0;
-      if constexpr (rewritable) {
+      if constexpr (swappable) {
+        // First: a loader that can do both (aoti_loader) maps every package this way, one
+        // exported for streaming too.
+        model_ = l.load(ctx);
+        map_->template prepare_constants<access>(model_, resident);
+      } else if constexpr (rewritable) {
         model_ = access::load_on_host(l, ctx);
         detail::weight_rewrite rewrite =
             access::rewrite_weight_reads(model_, *map_, ctx.spec.name);
         map_->prepare(rewrite, resident);
         access::run_unoptimised(model_);
-      } else if constexpr (swappable) {
-        model_ = l.load(ctx);
-        map_->template prepare_constants<access>(model_, resident);
       }
     }
 
@@ -211,7 +213,7 @@ struct mapped_weights {
 
     template <class Body>
     decltype(auto) execute(Body&& body) {
-      if constexpr (rewritable) {
+      if constexpr (rewritable && !swappable) {
         // The optimisation passes would fold a fetch and what is computed from the weight
         // alone (a concatenation of weights) into a constant held on the device.
         [[maybe_unused]] typename access::unoptimised_scope no_optimization;

@@ -46,10 +46,11 @@ struct streamed_weights {
     static_assert(rewritable_weights<Loader>,
                   "torchloom: streamed_weights needs weight_access<Loader> with load_on_host, "
                   "rewrite_weight_reads, run_unoptimised and unoptimised_scope: it streams the "
-                  "weights of models whose weight reads it can rewrite (TorchScript's loader and "
-                  "loaders derived from it have them; for AOTInductor packages use "
-                  "mapped_weights); for a loader of your own, specialise "
-                  "torchloom::weight_access for it (see torchloom/concepts/weight_access.hpp)");
+                  "weights of models whose weight reads go through its fetch (TorchScript's "
+                  "loader rewrites them; the AOTInductor loader runs packages exported for "
+                  "streaming, and loaders derived from either have them too); for a loader of "
+                  "your own, specialise torchloom::weight_access for it (see "
+                  "torchloom/concepts/weight_access.hpp)");
     using access = weight_access<Loader>;
 
    public:

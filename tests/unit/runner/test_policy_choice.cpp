@@ -90,13 +90,13 @@ TEST_CASE("availability follows the build and the policies' own limits", "[choic
                                  residency_kind::mapped}) == aoti);
   CHECK(torchloom::is_available({loader_kind::torchscript, hook_kind::none, stream_kind::green,
                                  residency_kind::resident}) == cuda);
-  // streamed_weights refuses packages at compile time: no build has that runner.
-  CHECK_FALSE(torchloom::is_available({loader_kind::aoti, hook_kind::none, stream_kind::caller,
-                                       residency_kind::streamed}));
+  // streamed_weights streams packages exported for streaming: the runner exists with aoti.
+  CHECK(torchloom::is_available({loader_kind::aoti, hook_kind::none, stream_kind::caller,
+                                 residency_kind::streamed}) == aoti);
   // The list of runner types holds exactly the available combinations.
   const std::size_t loaders = aoti ? 2 : 1;
   const std::size_t streams = cuda ? 4 : 3;
-  const std::size_t expected = loaders * 2 * streams * 4 - (aoti ? 2 * streams : 0);
+  const std::size_t expected = loaders * 2 * streams * 4;
   CHECK(boost::mp11::mp_size<torchloom::available_choices>::value == expected);
 }
 

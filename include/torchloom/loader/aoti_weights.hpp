@@ -1,0 +1,266 @@
+#pragma once
+//! The weights of an AOTInductor package exported for streaming (scripts/torchloom_export.py,
+//! offload on): every weight read in its graph goes through the operator
+//! `torchloom::stream_weight(weight, after, index)`, its constants are not compiled into it,
+//! and the weights come in `weights.pt` beside the package. This header registers that
+//! operator, reads and checks `weights.pt`, and turns the operator's calls into fetches from a
+//! residency policy's weight source, in the order the package's first run made them.
+//!
+//! Needs LibTorch >= 2.6 (included by torchloom/loader/aoti.hpp only there).
+#include <torchloom/detail/strings.hpp>
+#include <torchloom/detail/torch_error.hpp>
+#include <torchloom/dtype.hpp>
+#include <torchloom/error.hpp>
+#include <torchloom/weights/weight_graph.hpp>
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+#include <torch/script.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace torchloom::detail {
+
+//! The metadata key of a package exported for streaming: its weights' names (the constants'
+//! original fully qualified names), ';'-separated, in the order of the operator's `index`.
+inline constexpr std::string_view aoti_stream_weights_key = "torchloom.stream_weights";
+//! The file beside the package that holds those weights (buffers w0, w1, ...).
+inline constexpr std::string_view aoti_weights_file = "weights.pt";
+
+//! The calls of `torchloom::stream_weight` in one package: recorded on a first run, then
+//! served from a weight source, position by position, checked against the record.
+class package_reads {
+ public:
+  package_reads(std::string model, std::vector<std::string> names, c10::Device device)
+      : model_(std::move(model)), names_(std::move(names)), device_(device) {}
+
+  const std::vector<std::string>& names() const noexcept { return names_; }
+  bool serving() const noexcept { return source_ != nullptr || recording_; }
+
+  //! Before each run.
+  void begin() noexcept {
+    position_ = 0;
+    failure_ = nullptr;
+  }
+  //! The error a fetch raised in the last run (the package reports only that it failed).
+  std::exception_ptr failure() const noexcept { return failure_; }
+
+  //! The operator's body: the weight `index` for the next read.
+  at::Tensor fetch(std::int64_t index, const at::Tensor& weight) {
+    try {
+      if (index < 0 || static_cast<std::size_t>(index) >= names_.size()) {
+        throw error(errc::run_failed, model_,
+                    concat("the package read weight index ", index, " but declares ",
+                           names_.size(), " weights ('", aoti_stream_weights_key, "')"));
+      }
+      if (recording_) return record(static_cast<std::size_t>(index), weight);
+      const std::size_t p = position_;
+      if (p >= order_.size() || order_[p] != static_cast<std::size_t>(index)) {
+        throw error(errc::run_failed, model_,
+                    concat("streamed_weights: the package read weight '",
+                           names_[static_cast<std::size_t>(index)],
+                           "' at read ", p, " where its first run read ",
+                           p < order_.size() ? concat("'", names_[order_[p]], "'")
+                                             : std::string("nothing more"),
+                           ": its call order changed, so the schedule made at load no longer "
+                           "holds; nothing was overwritten"));
+      }
+      ++position_;
+      return source_->fetch(p);
+    } catch (...) {
+      failure_ = std::current_exception();
+      throw;
+    }
+  }
+
+  //! Reads in order, with the weights' host tensors: the schedule for the engine. Called once,
+  //! around the first run (`run` does it), which reads each weight from a temporary device copy.
+  template <class Run>
+  weight_rewrite record_with(std::vector<at::Tensor> host, Run&& run) {
+    recording_ = true;
+    host_ = std::move(host);
+    struct stop {
+      package_reads& r;
+      ~stop() { r.recording_ = false; }
+    } stopping{*this};
+    begin();
+    std::forward<Run>(run)();
+    weight_rewrite out;
+    // What is still held after the run: released at its end, unless an output holds it.
+    for (std::size_t q = 0; q < held_.size(); ++q) {
+      if (!held_[q].defined()) continue;
+      if (held_[q].use_count() > 1 || held_[q].storage().use_count() > 1) {
+        throw error(errc::unsupported, model_,
+                    concat("streamed_weights: the package returns weight '",
+                           names_[order_[q]], "' (or a view of it) as an output"));
+      }
+      release_[q] = order_.size();
+    }
+    held_.clear();
+    out.weights.reserve(names_.size());
+    for (std::size_t w = 0; w < names_.size(); ++w) {
+      out.weights.push_back(weight_read{host_[w], names_[w], {}});
+    }
+    out.position_weight = order_;
+    out.release = release_;
+    return out;
+  }
+
+  //! Serves the later runs' reads from `source` (positions as recorded).
+  void bind(weight_source& source) noexcept { source_ = &source; }
+
+ private:
+  // A first-run read: a temporary device copy, watched until nothing but this holds it.
+  at::Tensor record(std::size_t index, const at::Tensor& weight) {
+    (void)weight;
+    const std::size_t p = order_.size();
+    for (std::size_t q = 0; q < held_.size(); ++q) {
+      if (held_[q].defined() && held_[q].use_count() == 1 &&
+          held_[q].storage().use_count() == 1) {
+        release_[q] = p;  // every kernel reading q is enqueued by now
+        held_[q] = at::Tensor();
+      }
+    }
+    order_.push_back(index);
+    release_.push_back(0);
+    at::Tensor copy = host_.at(index).to(device_, /*non_blocking=*/false, /*copy=*/true);
+    held_.push_back(copy);
+    return copy;
+  }
+
+  std::string model_;
+  std::vector<std::string> names_;  // per index
+  c10::Device device_;
+  weight_source* source_ = nullptr;
+  bool recording_ = false;
+  std::vector<at::Tensor> host_;     // per index, while recording
+  std::vector<std::size_t> order_;   // per position: the index read
+  std::vector<std::size_t> release_;  // per position
+  std::vector<at::Tensor> held_;     // per position, while recording
+  std::size_t position_ = 0;
+  std::exception_ptr failure_;
+};
+
+//! The package whose reads the calling thread's run serves (set around a run).
+inline thread_local package_reads* active_reads = nullptr;
+
+//! Sets active_reads for a scope.
+class active_reads_scope {
+ public:
+  explicit active_reads_scope(package_reads* r) noexcept : previous_(active_reads) {
+    active_reads = r;
+  }
+  active_reads_scope(const active_reads_scope&) = delete;
+  active_reads_scope& operator=(const active_reads_scope&) = delete;
+  ~active_reads_scope() { active_reads = previous_; }
+
+ private:
+  package_reads* previous_;
+};
+
+//! `torchloom::stream_weight`: with no streaming run on this thread, the package's own
+//! constant (the weights were installed on the device: resident_weights, shared_weights,
+//! mapped_weights); otherwise the fetch.
+inline at::Tensor stream_weight_kernel(const at::Tensor& weight, const at::Tensor& after,
+                                       std::int64_t index) {
+  (void)after;  // only orders the read after the activation that its consumer reads
+  package_reads* reads = active_reads;
+  if (reads == nullptr || !reads->serving()) return weight;
+  return reads->fetch(index, weight);
+}
+
+//! Registers `torchloom::stream_weight` with the dispatcher, once per process, before a
+//! package that calls it loads (its calls are resolved at load).
+inline void register_stream_weight_op() {
+  static const bool registered = [] {
+    if (c10::Dispatcher::singleton().findSchema({"torchloom::stream_weight", ""})) {
+      return true;  // defined by someone else in this process (the export helper's Python)
+    }
+    static torch::Library library(torch::Library::FRAGMENT, "torchloom", std::nullopt,
+                                  __FILE__, __LINE__);
+    library.def("stream_weight(Tensor weight, Tensor after, int index) -> Tensor",
+                &stream_weight_kernel);
+    return true;
+  }();
+  (void)registered;
+}
+
+//! One constant of a package as it declares it.
+struct package_constant {
+  std::string fqn;
+  std::optional<c10::ScalarType> dtype;
+  std::optional<std::size_t> bytes;
+};
+
+//! Reads `weights.pt` (beside the package file) for a package that declares
+//! `torchloom.stream_weights`: one host tensor per name, checked against the package's
+//! constants (each name one of them and every constant named; dtype and byte size where the
+//! package tells). Throws load_failed naming the file and the weight.
+inline std::vector<at::Tensor> read_package_weights(
+    const std::string& model, const std::filesystem::path& file,
+    const std::vector<std::string>& names, const std::vector<package_constant>& constants) {
+  const std::string where = concat("'", file.string(), "'");
+  std::unordered_map<std::string, at::Tensor> buffers;
+  try {
+    const torch::jit::Module holder = torch::jit::load(file.string(), c10::Device(c10::kCPU));
+    for (const auto& b : holder.named_buffers(/*recurse=*/false)) buffers.emplace(b.name, b.value);
+  } catch (const std::exception& e) {
+    throw error(errc::load_failed, model,
+                concat("cannot read the package's weights ", where, ": ", torch_message(e)));
+  }
+  if (buffers.size() != names.size()) {
+    throw error(errc::load_failed, model,
+                concat(where, " holds ", buffers.size(), " tensors but the package declares ",
+                       names.size(), " weights ('", aoti_stream_weights_key, "')"));
+  }
+  std::unordered_map<std::string, const package_constant*> by_name;
+  for (const auto& c : constants) by_name.emplace(c.fqn, &c);
+  if (!constants.empty() && constants.size() != names.size()) {
+    throw error(errc::load_failed, model,
+                concat("the package has ", constants.size(), " constants but declares ",
+                       names.size(), " weights ('", aoti_stream_weights_key,
+                       "'): it was not exported with every weight streamed"));
+  }
+  std::vector<at::Tensor> out;
+  out.reserve(names.size());
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const auto found = buffers.find(concat("w", i));
+    if (found == buffers.end()) {
+      throw error(errc::load_failed, model,
+                  concat(where, " has no tensor 'w", i, "' (weight '", names[i], "')"));
+    }
+    at::Tensor t = found->second;
+    if (!constants.empty()) {
+      const auto c = by_name.find(names[i]);
+      if (c == by_name.end()) {
+        throw error(errc::load_failed, model,
+                    concat("the package declares weight '", names[i],
+                           "' but has no such constant"));
+      }
+      const package_constant& pc = *c->second;
+      const auto bytes = static_cast<std::size_t>(t.numel()) * t.element_size();
+      if ((pc.dtype && *pc.dtype != t.scalar_type()) || (pc.bytes && *pc.bytes != bytes)) {
+        throw error(errc::load_failed, model,
+                    concat(where, ": weight '", names[i], "' is ", dtype_name(t.scalar_type()),
+                           ", ", bytes, " bytes; the package expects ",
+                           pc.dtype ? dtype_name(*pc.dtype) : std::string("any dtype"), ", ",
+                           pc.bytes ? concat(*pc.bytes, " bytes") : std::string("any size")));
+      }
+    }
+    out.push_back(t.contiguous());
+  }
+  return out;
+}
+
+}  // namespace torchloom::detail

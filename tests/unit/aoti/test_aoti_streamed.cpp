@@ -1,0 +1,161 @@
+// streamed_weights with the AOTInductor loader, on packages exported for streaming
+// (scripts/torchloom_export.py; the fixtures stream_mlp_cuda and stream_fused_cuda): outputs
+// bitwise equal to the same package with its weights resident, device memory after load, the
+// budget, a kernel that reads three weights at once, and packages that cannot stream. Needs
+// LibTorch >= 2.6, a GPU and the fixtures; otherwise the cases skip.
+#include <torchloom/detail/config.hpp>
+
+#if TORCHLOOM_TORCH_VERSION >= 20600 && TORCHLOOM_HAS_CUDA
+
+#include "../../support/aoti_fixtures.hpp"
+#include "../../support/fixtures.hpp"
+
+#include <torchloom/torchloom.hpp>
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+using torchloom::errc;
+using torchloom::model_spec;
+
+namespace {
+
+template <class Residency>
+using aoti_runner = torchloom::model_runner<torchloom::aoti_loader, torchloom::no_hook,
+                                            torchloom::caller_stream, Residency>;
+
+constexpr std::int64_t mib = std::int64_t{1} << 20;
+
+// Device memory in use, as the driver sees it, with the caching allocator's free blocks
+// given back first.
+std::int64_t device_used() {
+  (void)cudaDeviceSynchronize();
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  std::size_t free = 0;
+  std::size_t total = 0;
+  (void)cudaMemGetInfo(&free, &total);
+  return static_cast<std::int64_t>(total - free);
+}
+
+model_spec with_budget(const std::filesystem::path& dir, int mb) {
+  return model_spec::from_directory(dir).set("WEIGHT_OFFLOAD_BUDGET_MB", std::to_string(mb));
+}
+
+}  // namespace
+
+TEST_CASE("AOTI streamed: weights 4x the budget, bitwise equal to the package run resident "
+          "over 100 runs; the device holds the arena",
+          "[aoti][cuda][streamed]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "stream_mlp_cuda");
+  const c10::Device gpu(c10::kCUDA, 0);
+  // 8 layers of 2048 x 2048 fp32: 128 MiB of weights (and 64 KiB of biases).
+  constexpr std::int64_t weights = 8 * (2048 * 2048 + 2048) * 4;
+  aoti_runner<torchloom::resident_weights> resident(model_spec::from_directory(dir), gpu);
+  // The package installs weights.pt on the device: memory() counts them.
+  CHECK(resident.memory().device_bytes == weights);
+
+  const std::int64_t before = device_used();
+  aoti_runner<torchloom::streamed_weights> streamed(with_budget(dir, 32), gpu);
+  const std::int64_t held = device_used() - before;
+  const auto loaded = streamed.memory();
+  INFO("device bytes after load " << held << ", arena " << loaded.device_bytes);
+  CHECK(loaded.device_bytes <= 32 * mib);
+  // The arena, plus a stated slack for the package's own kernels and buffers: 8 MiB.
+  CHECK(held <= loaded.device_bytes + 8 * mib);
+  CHECK(held < weights / 2);
+
+  int equal = 0;
+  for (int run = 0; run < 100; ++run) {
+    // Large batches now and then: each product then outlasts the next weight's copy, so a
+    // copy that did not wait for the kernels reading its bytes would overwrite them.
+    const std::int64_t rows = run % 4 == 0 ? 2048 : 1 + run % 7;
+    const auto x = torch::randn({rows, 2048}, gpu) * (run % 2 == 0 ? 1.0 : -0.5);
+    const auto want = resident.run({x})[0];
+    const auto got = streamed.run({x})[0];
+    equal += torch::equal(got, want) ? 1 : 0;
+  }
+  CHECK(equal == 100);
+  const auto mem = streamed.memory();
+  CHECK(mem.budget_bytes == 32 * mib);
+  CHECK(mem.high_water_bytes > 0);
+  CHECK(mem.high_water_bytes <= mem.budget_bytes);
+  CHECK(mem.budget_violations == 0);
+  CHECK(mem.host_bytes >= weights);
+  // At least what does not fit the budget is copied every run.
+  CHECK(mem.copied_bytes >= 100 * (weights - 32 * mib));
+}
+
+TEST_CASE("AOTI streamed: a budget below the schedule's minimum fails at load, naming it",
+          "[aoti][cuda][streamed]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "stream_mlp_cuda");
+  const c10::Device gpu(c10::kCUDA, 0);
+  // One 16 MiB weight must be on the device while its product runs.
+  CHECK_TORCHLOOM_ERROR(aoti_runner<torchloom::streamed_weights>(with_budget(dir, 8), gpu),
+                        errc::budget_too_small, "WEIGHT_OFFLOAD_BUDGET_MB=8", "at least");
+  CHECK_TORCHLOOM_ERROR(
+      aoti_runner<torchloom::streamed_weights>(model_spec::from_directory(dir), gpu),
+      errc::invalid_option, "needs WEIGHT_OFFLOAD_BUDGET_MB");
+}
+
+TEST_CASE("AOTI streamed: a kernel that reads three weights at once, at the smallest budget",
+          "[aoti][cuda][streamed]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "stream_fused_cuda");
+  const c10::Device gpu(c10::kCUDA, 0);
+  aoti_runner<torchloom::resident_weights> resident(model_spec::from_directory(dir), gpu);
+  aoti_runner<torchloom::streamed_weights> streamed(with_budget(dir, 1), gpu);
+  aoti_runner<torchloom::mapped_weights> mapped(model_spec::from_directory(dir), gpu);
+  for (int run = 0; run < 20; ++run) {
+    const auto x = torch::randn({1 + run, 512}, gpu);
+    const auto want = resident.run({x})[0];
+    REQUIRE(torch::equal(streamed.run({x})[0], want));
+    REQUIRE(torch::equal(mapped.run({x})[0], want));
+  }
+  const auto mem = streamed.memory();
+  CHECK(mem.budget_violations == 0);
+  CHECK(mem.high_water_bytes <= mem.budget_bytes);
+  CHECK(mapped.memory().device_bytes == 0);
+}
+
+TEST_CASE("AOTI streamed: a package not exported for streaming is unsupported, naming the "
+          "export helper; mapped_weights still maps it",
+          "[aoti][cuda][streamed]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "mlp_cuda");
+  const c10::Device gpu(c10::kCUDA, 0);
+  CHECK_TORCHLOOM_ERROR(aoti_runner<torchloom::streamed_weights>(with_budget(dir, 4), gpu),
+                        errc::unsupported, "was not exported for streaming",
+                        "torchloom_export.py");
+  aoti_runner<torchloom::mapped_weights> mapped(model_spec::from_directory(dir), gpu);
+  CHECK(mapped.run({torch::randn({2, 64}, gpu)})[0].sizes() == c10::IntArrayRef{2, 16});
+}
+
+TEST_CASE("AOTI streamed: a weights file that does not match the package is load_failed "
+          "naming the weight",
+          "[aoti][cuda][streamed]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "stream_fused_cuda");
+  const c10::Device gpu(c10::kCUDA, 0);
+  torchloom_test::temp_dir tmp;
+  const auto copy = tmp.path() / "stream_fused_cuda";
+  std::filesystem::copy(dir, copy, std::filesystem::copy_options::recursive);
+  // The other fixture's weights: other names, sizes and count.
+  TORCHLOOM_REQUIRE_AOTI_FIXTURE(other, "stream_mlp_cuda");
+  std::filesystem::copy_file(other / "1" / "weights.pt", copy / "1" / "weights.pt",
+                             std::filesystem::copy_options::overwrite_existing);
+  CHECK_TORCHLOOM_ERROR(aoti_runner<torchloom::resident_weights>(model_spec::from_directory(copy),
+                                                                 gpu),
+                        errc::load_failed, "weights.pt");
+  std::filesystem::remove(copy / "1" / "weights.pt");
+  CHECK_TORCHLOOM_ERROR(aoti_runner<torchloom::streamed_weights>(with_budget(copy, 4), gpu),
+                        errc::load_failed, "cannot read the package's weights");
+}
+
+#endif
