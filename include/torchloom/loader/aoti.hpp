@@ -58,9 +58,12 @@ struct aoti_model {
   input_signature inputs;  //!< count and names from the package, dtype/shape where declared
   std::unordered_map<std::string, std::string> metadata;  //!< the package's metadata map
   c10::Device device{c10::kCPU};  //!< where it runs
-  //! A package exported for streaming: its weights as installed (on the device, or in host
-  //! memory for streamed_weights; the package holds only their addresses) and its reads.
+  //! A package exported for streaming: its constants as installed (the weights on the
+  //! device, or placeholders for streamed_weights; the package holds only their addresses)
+  //! and its reads.
   std::vector<at::Tensor> weights;
+  //! streamed_weights: the weights read from weights.pt, until the policy packs them.
+  std::vector<at::Tensor> weights_on_host;
   std::unique_ptr<detail::package_reads> reads;
 };
 
@@ -271,6 +274,8 @@ struct aoti_loader {
     std::vector<std::string> call_spec;
     std::optional<std::vector<std::string>> container;
     try {
+      // A package exported for streaming calls it; torch resolves its calls at load.
+      detail::register_stream_weight_op();
       const std::lock_guard lock(detail::package_load_mutex());
       std::optional<c10::DeviceGuard> on_device;
       if (ctx.device.is_cuda()) on_device.emplace(ctx.device);
@@ -317,11 +322,23 @@ struct aoti_loader {
         detail::split(m.metadata.at(std::string(detail::aoti_stream_weights_key)), ';');
     std::vector<at::Tensor> tensors = detail::read_package_weights(
         name, file, names, detail::container_constants::read(m.package->get_runner()));
+    // On the host (streamed_weights), the package gets placeholders on its device, each one
+    // element seen with the weight's shape: it only passes them to the fetch operator, which
+    // serves its reads from the policy's arena.
+    std::vector<at::Tensor> placeholders;
     try {
       std::unordered_map<std::string, at::Tensor> constants;
       for (std::size_t i = 0; i < names.size(); ++i) {
-        if (on_device) tensors[i] = tensors[i].to(ctx.device);
-        constants.emplace(names[i], tensors[i]);
+        if (on_device) {
+          tensors[i] = tensors[i].to(ctx.device);
+          constants.emplace(names[i], tensors[i]);
+          continue;
+        }
+        const at::Tensor& t = tensors[i];
+        placeholders.push_back(
+            at::empty({1}, t.options().device(ctx.device))
+                .as_strided(t.sizes(), std::vector<std::int64_t>(t.sizes().size(), 0)));
+        constants.emplace(names[i], placeholders.back());
       }
       std::optional<c10::DeviceGuard> guard;
       if (ctx.device.is_cuda()) guard.emplace(ctx.device);
@@ -337,8 +354,9 @@ struct aoti_loader {
                   detail::concat("cannot install the package's weights from '", file.string(),
                                  "': ", detail::torch_message(e)));
     }
-    m.weights = std::move(tensors);
+    m.weights = on_device ? std::move(tensors) : std::move(placeholders);
     if (!on_device) {
+      m.weights_on_host = std::move(tensors);
       m.reads = std::make_unique<detail::package_reads>(name, std::move(names), ctx.device);
     }
   }
@@ -574,7 +592,8 @@ struct weight_access<Loader> {
       inputs.push_back(at::zeros(shape, at::TensorOptions().dtype(*s.dtype).device(m.device)));
     }
     detail::package_reads& reads = *m.reads;
-    detail::weight_rewrite rewrite = reads.record_with(m.weights, [&] {
+    // The rewrite holds the only references to the host tensors: packed, they are freed.
+    detail::weight_rewrite rewrite = reads.record_with(std::move(m.weights_on_host), [&] {
       const detail::active_reads_scope serving(&reads);
       std::optional<c10::DeviceGuard> guard;
       if (m.device.is_cuda()) guard.emplace(m.device);

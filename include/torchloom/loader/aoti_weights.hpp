@@ -114,6 +114,7 @@ class package_reads {
     }
     out.position_weight = order_;
     out.release = release_;
+    host_.clear();
     return out;
   }
 
@@ -187,7 +188,7 @@ inline void register_stream_weight_op() {
     if (c10::Dispatcher::singleton().findSchema({"torchloom::stream_weight", ""})) {
       return true;  // defined by someone else in this process (the export helper's Python)
     }
-    static torch::Library library(torch::Library::FRAGMENT, "torchloom", std::nullopt,
+    static torch::Library library(torch::Library::FRAGMENT, "torchloom", {},
                                   __FILE__, __LINE__);
     library.def("stream_weight(Tensor weight, Tensor after, int index) -> Tensor",
                 &stream_weight_kernel);
