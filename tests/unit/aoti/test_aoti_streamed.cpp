@@ -93,6 +93,40 @@ TEST_CASE("AOTI streamed: weights 4x the budget, bitwise equal to the package ru
   CHECK(mem.copied_bytes >= 100 * (weights - 32 * mib));
 }
 
+TEST_CASE("AOTI streamed: a model larger than the device's free memory loads and runs",
+          "[aoti][cuda][streamed]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "stream_mlp_cuda");
+  const c10::Device gpu(c10::kCUDA, 0);
+  constexpr std::int64_t weights = 8 * (2048 * 2048 + 2048) * 4;
+  const auto x = torch::randn({3, 2048}, gpu);
+  at::Tensor want;
+  {
+    aoti_runner<torchloom::resident_weights> resident(model_spec::from_directory(dir), gpu);
+    want = resident.run({x})[0];
+  }
+  // Take all but 96 MiB of the device, outside torch's allocator: the 128 MiB of weights do
+  // not fit beside the rest; the 32 MiB arena, the first run's temporary copies and the
+  // activations do.
+  (void)device_used();
+  std::size_t free = 0;
+  std::size_t total = 0;
+  REQUIRE(cudaMemGetInfo(&free, &total) == cudaSuccess);
+  void* hog = nullptr;
+  const std::size_t left = 96 * mib;
+  REQUIRE(free > left);
+  REQUIRE(cudaMalloc(&hog, free - left) == cudaSuccess);
+  struct release {
+    void* p;
+    ~release() { (void)cudaFree(p); }
+  } releasing{hog};
+  REQUIRE(cudaMemGetInfo(&free, &total) == cudaSuccess);
+  CHECK(static_cast<std::int64_t>(free) < weights);
+  aoti_runner<torchloom::streamed_weights> streamed(with_budget(dir, 32), gpu);
+  for (int run = 0; run < 5; ++run) REQUIRE(torch::equal(streamed.run({x})[0], want));
+  CHECK(streamed.memory().budget_violations == 0);
+}
+
 TEST_CASE("AOTI streamed: a budget below the schedule's minimum fails at load, naming it",
           "[aoti][cuda][streamed]") {
   TORCHLOOM_REQUIRE_CUDA();
