@@ -220,11 +220,27 @@ inline streamed_subset streamed_positions(const weight_schedule& s,
   return out;
 }
 
-//! The schedule as copies that start `depth` fetches ahead see it: each release point `depth`
-//! fetches later (the end at most). An arena in which it fits lets every position's copy
-//! start `depth` fetches before its own fetch.
-inline weight_schedule released_later(weight_schedule s, std::size_t depth) {
-  for (auto& r : s.release) r = std::min(r + depth, s.size());
+//! The schedule as copies started ahead see it: a copy starts `depth` fetches before its own
+//! fetch, or, where `ahead_bytes` > 0, as soon as it is among the positions after the current
+//! one that come to less than `ahead_bytes` (weight_stream's granule), whichever is earlier.
+//! Each release point moves to the last position whose copy starts there (the end at most).
+//! An arena in which the result fits lets every copy start that early.
+inline weight_schedule released_later(weight_schedule s, std::size_t depth,
+                                      std::int64_t ahead_bytes = 0) {
+  const std::size_t n = s.size();
+  std::vector<std::int64_t> prefix(n + 1, 0);
+  for (std::size_t p = 0; p < n; ++p) prefix[p + 1] = prefix[p] + s.bytes[p];
+  // window[h]: the last position a copy started at the fetch of h reaches by bytes.
+  std::vector<std::size_t> window(n, 0);
+  for (std::size_t h = 0, e = 0; h < n && ahead_bytes > 0; ++h) {
+    e = std::max(e, h);
+    while (e + 1 < n && prefix[e + 1] - prefix[h + 1] < ahead_bytes) ++e;
+    window[h] = e;
+  }
+  for (auto& r : s.release) {
+    if (r >= n) continue;
+    r = std::min(std::max(r + depth, window[r]), n);
+  }
   return s;
 }
 
@@ -244,15 +260,17 @@ struct resident_split {
 //! A weight read k times a run saves k copies of its bytes a run when it stays: weights are
 //! taken by reads (descending), then size (descending), each one that fits, while the
 //! weights taken so far plus a lower bound of the ring the others need stay within the
-//! budget. That bound is the live bytes of their schedule with each release `depth` fetches
-//! later: a ring that holds the copies the prefetch depth starts ahead (with depth 0, only
-//! what the schedule needs at once). Then the ring, the budget less the resident bytes (at
+//! budget. That bound is the live bytes of their schedule with each release as late as the
+//! copies started ahead (`depth` fetches, `ahead_bytes`: released_later) need: a ring that
+//! holds what the engine copies ahead (with depth 0 and no bytes ahead, only what the
+//! schedule needs at once). Then the ring, the budget less the resident bytes (at
 //! most all the streamed bytes), is planned; where it does not fit, the last weight taken
 //! goes back to streaming, until it does, or until none is left and the ring is the
 //! whole schedule's `minimum`'s. O(weights x positions) for the choice, one plan per check.
 inline resident_split split_budget(const weight_schedule& s,
                                    const std::vector<std::size_t>& weight_of, std::size_t weights,
-                                   std::int64_t budget, std::int64_t minimum, std::size_t depth) {
+                                   std::int64_t budget, std::int64_t minimum, std::size_t depth,
+                                   std::int64_t ahead_bytes = 0) {
   const std::size_t n = s.size();
   std::vector<std::size_t> reads(weights, 0);
   std::vector<std::int64_t> size(weights, 0);
@@ -288,8 +306,8 @@ inline resident_split split_budget(const weight_schedule& s,
     if (out.resident_bytes + size[w] > budget) continue;
     mark(w, true);
     const auto rest = streamed_positions(s, resident_position);
-    const std::int64_t ring = align_up(live_bytes_bound(released_later(rest.schedule, depth)),
-                                       weight_alignment);
+    const std::int64_t ring = align_up(
+        live_bytes_bound(released_later(rest.schedule, depth, ahead_bytes)), weight_alignment);
     if (out.resident_bytes + size[w] + ring <= budget) {
       out.resident_bytes += size[w];
       taken.push_back(w);

@@ -121,10 +121,11 @@ class weight_stream final : public weight_source {
                   concat("WEIGHT_OFFLOAD_BUDGET_MB=", *budget_mb, " is below what the schedule "
                          "needs: at least ", mib_text(minimum_), " (", sizes, ")"));
     }
-    // The ring is at most all the streamed bytes at once; one that happens not to fit gives
-    // resident weights back to streaming, or is the minimum's, which fits.
-    resident_split split =
-        split_budget(full, position_weight_, weights, budget_, minimum_, depth_);
+    // The ring keeps room for what issue() copies ahead: `depth` positions and, with a depth,
+    // a granule. It is at most all the streamed bytes at once; one that happens not to fit
+    // gives resident weights back to streaming, or is the minimum's, which fits.
+    resident_split split = split_budget(full, position_weight_, weights, budget_, minimum_,
+                                        depth_, depth_ > 0 ? granule : 0);
     resident_weight_ = std::move(split.resident);
     resident_bytes_ = split.resident_bytes;
     schedule_ = std::move(split.streamed.schedule);

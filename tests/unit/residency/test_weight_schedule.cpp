@@ -187,6 +187,9 @@ TEST_CASE("weight schedule: the streamed positions of a schedule with resident w
     const tld::weight_schedule s{{u, u, u, u}, {1, 2, 4, 4}};
     CHECK(tld::released_later(s, 2).release == std::vector<std::size_t>{3, 4, 4, 4});
     CHECK(tld::released_later(s, 0).release == s.release);
+    // Copies that reach 2 units ahead: at the fetch of 1, those of 2 and 3 start.
+    CHECK(tld::released_later(s, 0, 2 * u).release == std::vector<std::size_t>{3, 3, 4, 4});
+    CHECK(tld::released_later(s, 2, 2 * u).release == std::vector<std::size_t>{3, 4, 4, 4});
   }
 }
 
@@ -257,7 +260,8 @@ TEST_CASE("weight schedule: a budget split between resident weights and the ring
       for (const std::size_t depth : {std::size_t{0}, std::size_t{2}}) {
         for (std::int64_t budget = minimum; budget <= all + u; budget += 3 * u) {
           INFO("trial " << trial << ", budget " << budget << ", depth " << depth);
-          const auto split = tld::split_budget(s, weight_of, weights, budget, minimum, depth);
+          const auto split =
+              tld::split_budget(s, weight_of, weights, budget, minimum, depth, depth * 8 * u);
           REQUIRE(split.plan.feasible);
           CHECK(split.resident_bytes + split.plan.arena_bytes <= budget);
           std::int64_t resident = 0;
