@@ -4,12 +4,14 @@
 //  - BM_offload/model:large: 16 bias-free linear layers of 8192 x 8192 bf16 (128 MiB each,
 //    2 GiB), y = x W_i^T in sequence, at batch 16 (transfer-bound) and 16384 (compute-bound):
 //    resident_weights, streamed_weights (budget 512 MiB: a quarter of the weights, prefetch
-//    depth 2), mapped_weights (zero-copy; batch 16 only: a large product re-reads every
-//    weight over the bus many times), and a naive loop that copies each layer's weight from
-//    pageable memory with a synchronous .to() before its product (batch 16 only);
+//    depth 2; one layer stays resident beside a ring of three), mapped_weights (zero-copy;
+//    batch 16 only: a large product re-reads every weight over the bus many times), and a
+//    naive loop that copies each layer's weight from pageable memory with a synchronous
+//    .to() before its product (batch 16 only);
 //  - BM_offload/model:small_tensors: 16 layers that each concatenate 64 tensors of 64 x 4096
 //    bf16 (512 KiB each; 32 MiB a layer, 512 MiB in all) and apply the result, budget 128 MiB
-//    (T8: small weights must still move near the ceiling);
+//    (T8: small weights must still move near the ceiling; a ring of 40 MiB, the rest of the
+//    budget resident);
 //  - BM_offload_shared/runners:8: eight shared_weights runners of the large model (T9);
 //  - BM_offload/model:large/batch:16/variant:streamed/share:{all,half} (T11): streamed_weights
 //    with a resident share of the budget, a runner of its own: a budget of all the weights
