@@ -4,20 +4,28 @@
 //  - BM_offload/model:large: 16 bias-free linear layers of 8192 x 8192 bf16 (128 MiB each,
 //    2 GiB), y = x W_i^T in sequence, at batch 16 (transfer-bound) and 16384 (compute-bound):
 //    resident_weights, streamed_weights (budget 512 MiB: a quarter of the weights, prefetch
-//    depth 2), mapped_weights (zero-copy; batch 16 only: a large product re-reads every
-//    weight over the bus many times), and a naive loop that copies each layer's weight from
-//    pageable memory with a synchronous .to() before its product (batch 16 only);
+//    depth 2; one layer stays resident beside a ring of three), mapped_weights (zero-copy;
+//    batch 16 only: a large product re-reads every weight over the bus many times), and a
+//    naive loop that copies each layer's weight from pageable memory with a synchronous
+//    .to() before its product (batch 16 only);
 //  - BM_offload/model:small_tensors: 16 layers that each concatenate 64 tensors of 64 x 4096
 //    bf16 (512 KiB each; 32 MiB a layer, 512 MiB in all) and apply the result, budget 128 MiB
-//    (T8: small weights must still move near the ceiling);
-//  - BM_offload_shared/runners:8: eight shared_weights runners of the large model (T9).
+//    (T8: small weights must still move near the ceiling; a ring of 40 MiB, the rest of the
+//    budget resident);
+//  - BM_offload_shared/runners:8: eight shared_weights runners of the large model (T9);
+//  - BM_offload/model:large/batch:16/variant:streamed/share:{all,half} (T11): streamed_weights
+//    with a resident share of the budget, a runner of its own: a budget of all the weights
+//    (nothing copied per run; timed alternately with resident), and of half of them (the
+//    rest streams; transfer_ms, its streamed bytes at the pinned limit, is what it is held
+//    to).
 // Each forward is timed with CUDA events on the caller's stream (30 after 3 warm-up ones;
 // streamed at the large batch in blocks alternating with resident, resident_ms_paired);
 // the median is the benchmark's manual time, and median, p99, GB/s (weight bytes read per
-// forward / median), % of the ceiling and the budget checks are user counters for
-// scripts/report.py. Every variant's output is compared bitwise with the resident run's on
-// the same input first. Without CUDA only BM_offload_limit is registered, reporting an error,
-// and the program exits 0.
+// forward / median; for streamed rows, the bytes copied per forward, which leaves out the
+// weights the budget keeps on the device), % of the ceiling and the budget checks are user
+// counters for scripts/report.py. Every variant's output is compared bitwise with the
+// resident run's on the same input first. Without CUDA only BM_offload_limit is registered,
+// reporting an error, and the program exits 0.
 #include <torchloom/detail/config.hpp>
 #include <torchloom/torchloom.hpp>
 
@@ -228,10 +236,12 @@ at::Tensor input(const offload_model& m, std::int64_t batch) {
                       torch::TensorOptions().device(torch::kCUDA, 0).dtype(torch::kBFloat16));
 }
 
+// `moved`: the bytes a forward moves to the device (its weights, or what streamed_weights
+// copies of them).
 void report(benchmark::State& state, const timing& t, const offload_model& m, double limit,
-            bool equal) {
+            bool equal, std::int64_t moved) {
   state.SetIterationTime(t.median_ms * 1e-3);
-  const double gbps = static_cast<double>(m.weight_bytes) / (t.median_ms * 1e-3) / 1e9;
+  const double gbps = static_cast<double>(moved) / (t.median_ms * 1e-3) / 1e9;
   state.counters["ms_median"] = t.median_ms;
   state.counters["ms_p99"] = t.p99_ms;
   state.counters["reps"] = reps;
@@ -239,6 +249,15 @@ void report(benchmark::State& state, const timing& t, const offload_model& m, do
   state.counters["gbps"] = gbps;
   state.counters["pct_of_limit"] = 100.0 * gbps / limit;
   state.counters["bitwise_equal"] = equal ? 1 : 0;
+}
+
+// streamed_weights' memory: the budget checks (T7) and the split of the budget.
+void streamed_counters(benchmark::State& state, const torchloom::weight_memory& mem) {
+  state.counters["budget_bytes"] = static_cast<double>(mem.budget_bytes);
+  state.counters["high_water_bytes"] = static_cast<double>(mem.high_water_bytes);
+  state.counters["violations"] = static_cast<double>(mem.budget_violations);
+  state.counters["resident_bytes"] = static_cast<double>(mem.resident_bytes);
+  state.counters["streamed_bytes"] = static_cast<double>(mem.streamed_bytes);
 }
 
 enum class variant { resident, streamed, mapped, naive };
@@ -276,22 +295,52 @@ void BM_offload(benchmark::State& state, bool large_model, std::int64_t batch, v
     // T6 (streamed against resident when compute-bound) is a ratio of two long runs: timed
     // in alternating blocks so that both see the same clocks.
     const bool paired = v == variant::streamed && batch > 16;
+    const std::int64_t moved =
+        v == variant::streamed ? m.streamed->memory().streamed_bytes : m.weight_bytes;
     for (auto _ : state) {
       if (paired) {
         const auto [t, resident] = time_in_blocks([&] { (void)forward(); },
                                                [&] { (void)m.resident->run({x}); });
-        report(state, t, m, f.limit_gbps, equal);
+        report(state, t, m, f.limit_gbps, equal, moved);
         state.counters["resident_ms_paired"] = resident.median_ms;
       } else {
-        report(state, time_forward([&] { (void)forward(); }), m, f.limit_gbps, equal);
+        report(state, time_forward([&] { (void)forward(); }), m, f.limit_gbps, equal, moved);
       }
     }
-    if (v == variant::streamed) {
-      const auto mem = m.streamed->memory();
-      state.counters["budget_bytes"] = static_cast<double>(mem.budget_bytes);
-      state.counters["high_water_bytes"] = static_cast<double>(mem.high_water_bytes);
-      state.counters["violations"] = static_cast<double>(mem.budget_violations);
+    if (v == variant::streamed) streamed_counters(state, m.streamed->memory());
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+// T11: the large model at batch 16 under streamed_weights with a budget of all its weights
+// (`all`: every weight stays, nothing is copied per run; timed alternately with resident) or
+// of half of them (the other half streams: held to transfer_ms, its streamed bytes at the
+// pinned limit). The runner is built here and goes at the end, with its device memory.
+void BM_offload_share(benchmark::State& state, bool all) {
+  try {
+    auto& f = fixture::get();
+    const offload_model& m = *f.large;
+    const std::int64_t budget_mb = ((all ? m.weight_bytes : m.weight_bytes / 2) + mib - 1) / mib;
+    auto spec = m.spec();
+    spec.set("WEIGHT_OFFLOAD_BUDGET_MB", std::to_string(budget_mb));
+    spec.set("WEIGHT_OFFLOAD_PREFETCH_DEPTH", "2");
+    runner_type<torchloom::streamed_weights> streamed(spec, c10::Device(c10::kCUDA, 0));
+    const at::Tensor x = input(m, 16);
+    const bool equal = torch::equal(streamed.run({x})[0], m.resident->run({x})[0]);
+    const auto forward = [&] { (void)streamed.run({x}); };
+    const std::int64_t moved = streamed.memory().streamed_bytes;
+    for (auto _ : state) {
+      if (all) {
+        const auto [t, resident] = time_in_blocks(forward, [&] { (void)m.resident->run({x}); });
+        report(state, t, m, f.limit_gbps, equal, moved);
+        state.counters["resident_ms_paired"] = resident.median_ms;
+      } else {
+        report(state, time_forward(forward), m, f.limit_gbps, equal, moved);
+        state.counters["transfer_ms"] = static_cast<double>(moved) / (f.limit_gbps * 1e9) * 1e3;
+      }
     }
+    streamed_counters(state, streamed.memory());
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
   }
@@ -378,6 +427,11 @@ void register_all() {
         [v = r.v](benchmark::State& s) { BM_offload(s, true, 16384, v); });
   }
   add("BM_offload_shared/runners:8", BM_offload_shared);
+  for (const bool all : {true, false}) {
+    add(std::string("BM_offload/model:large/batch:16/variant:streamed/share:") +
+            (all ? "all" : "half"),
+        [all](benchmark::State& s) { BM_offload_share(s, all); });
+  }
 }
 
 #else

@@ -27,7 +27,10 @@ batch and variant, each row held to its targets: T4 (streamed at the smallest ba
 model, a share of the pinned H2D limit), T5 (accelerate / streamed, same model and batch), T6
 (streamed / resident at the largest batch of T6's model), T7 (every streamed row: no budget
 violations, high water <= budget), T8 (streamed at the smallest batch of T8's model, a share
-of the limit); and the T9 table (device bytes of N runners sharing one model <= W + N*A). A streamed or mapped row whose output is not bitwise equal to resident's fails on its
+of the limit), T11 (streamed rows with a resident share, BM_offload/.../share:<all|half>:
+share:all / resident, share:half / its streamed bytes at the pinned limit; T7 too, and not
+T4 or T6); and the T9 table (device bytes of N runners sharing one model <= W + N*A). A
+streamed or mapped row whose output is not bitwise equal to resident's fails on its
 own line (counted as "bitwise"). A target with no row to judge is "not measured" (skipped).
 
 bm_graphs' BM_graphs/model:<m>/loader:<l>/batch:<b> (T12) report a paired raw/runner loop as
@@ -68,6 +71,12 @@ TARGETS = {
     "T7": {"max_violations": 0, "variant": "streamed"},
     "T8": {"min_pct_of_limit": 90, "model": "small_tensors"},
     "T9": {"bound": "W + N·A"},
+    # T11: streamed rows with a resident share of the budget (a `share` parameter): share:all
+    # (budget >= every weight) at most max_ratio x resident, same model and batch (the
+    # resident median timed alternately with it where there is one); share:half (budget W/2)
+    # at most max_over_transfer x transfer_ms, its bytes streamed per run at the pinned limit.
+    "T11": {"max_ratio": 1.02, "max_over_transfer": 1.05, "variant": "streamed",
+            "over": "resident"},
     # The runner's construction against the raw loader's (BM_raw_<x>_load, bm_aoti).
     "T10": {"max_ratio": 1.05},
     # graphed<caller_stream> against the raw call (bm_graphs): every row at most max_ratio, and
@@ -75,8 +84,8 @@ TARGETS = {
     "T12": {"max_ratio": 1.02,
             "min_speedup": {("mlp", "torchscript", "1"): 3.0, ("mlp", "aoti", "1"): 2.0,
                             ("resnet18", "torchscript", "1"): 3.0}},
-    # T11 and T13 have no rows the report judges: bm_triton's rows (T13) are listed with their
-    # times; PERF.md states both targets.
+    # T13 has no rows the report judges: bm_triton's rows are listed with their times; PERF.md
+    # states the target.
 }
 
 # Targets for raw/runner pairs, first match on <x> wins: (pattern, target name). Add a row
@@ -482,14 +491,17 @@ def fmt_mib(v):
 def offload_targets(r, runs):
     """The targets a BM_offload row is held to. T4 and T8: streamed at the model's smallest
     batch (transfer-bound); T6: streamed at model large's largest batch, when larger than the
-    smallest (compute-bound); T7: every streamed row; T5: the accelerate row."""
+    smallest (compute-bound); T7: every streamed row; T5: the accelerate row; T11 (instead of
+    T4 and T6): a streamed row with a resident share."""
     model, variant = r.param("model"), r.param("variant")
     if variant == TARGETS["T5"]["variant"]:
         return ["T5"]
     if variant != TARGETS["T7"]["variant"]:
         return []
-    batches = sorted({batch_of(x) for x in runs
-                      if x.param("model") == model and batch_of(x) is not None})
+    if r.param("share"):
+        return ["T11", "T7"]
+    batches = sorted({batch_of(x) for x in runs if x.param("model") == model
+                      and batch_of(x) is not None and not x.param("share")})
     targets = []
     smallest = batches and batch_of(r) == batches[0]
     if model == TARGETS["T4"]["model"] and smallest:
@@ -526,13 +538,15 @@ def offload_verdict(tname, r, runs, verdicts):
             cell += (f" ({c['violations']:.0f} violations, high water "
                      f"{fmt_mib(c['high_water_bytes'])} of {fmt_mib(c['budget_bytes'])} MiB)")
         return cell
+    if tname == "T11":
+        return share_verdict(r, runs, verdicts)
     # T5: accelerate over streamed; T6: streamed over resident; same model and batch.
     t = TARGETS[tname]
     base_variant = t["over"]
     at_least = "min_ratio" in t
     limit = t["min_ratio"] if at_least else t["max_ratio"]
     where = f"model {r.param('model')} batch {r.param('batch')}"
-    base = next((x for x in runs if x.param("variant") == base_variant
+    base = next((x for x in runs if x.param("variant") == base_variant and not x.param("share")
                  and x.param("model") == r.param("model") and batch_of(x) == batch_of(r)),
                 None)
     if base is None:
@@ -552,6 +566,34 @@ def offload_verdict(tname, r, runs, verdicts):
                    + (", timed alternately)" if paired else ")"))
 
 
+def share_verdict(r, runs, verdicts):
+    """T11 on a streamed row with a resident share: share:all against resident (the paired
+    median where there is one), share:half against its streamed bytes at the pinned limit."""
+    t, c = TARGETS["T11"], counter_set(r)
+    if ms_of(r) is None:
+        return not_measured("T11", "the row has no time", verdicts)
+    if r.param("share") == "all":
+        base = c.get("resident_ms_paired")
+        if not base:
+            row = next((x for x in runs if x.param("variant") == t["over"]
+                        and x.param("model") == r.param("model") and batch_of(x) == batch_of(r)),
+                       None)
+            base = None if row is None or row.error else ms_of(row)
+        if not base:
+            return not_measured("T11", f"no {t['over']} time at model {r.param('model')} "
+                                f"batch {r.param('batch')}", verdicts)
+        ratio = ms_of(r) / base
+        return (judge("T11", t["max_ratio"], ratio, verdicts)
+                + f" (budget ≥ weights: {ratio:.3f}× resident, "
+                + f"{fmt_mib(c.get('streamed_bytes'))} MiB streamed per run)")
+    if not c.get("transfer_ms"):
+        return not_measured("T11", "no transfer_ms counter", verdicts)
+    ratio = ms_of(r) / c["transfer_ms"]
+    return (judge("T11", t["max_over_transfer"], ratio, verdicts)
+            + f" (budget W/2: {ratio:.3f}× {fmt_mib(c.get('streamed_bytes'))} MiB streamed "
+            + f"÷ limit, {fmt_mib(c.get('resident_bytes'))} MiB resident)")
+
+
 def offload_missing():
     """Targets of the offload table, and what is missing when no row is held to them."""
     streamed = TARGETS["T7"]["variant"]
@@ -562,27 +604,30 @@ def offload_missing():
                "the smallest"),
         ("T7", f"no {streamed} row"),
         ("T8", f"no {streamed} row of model {TARGETS['T8']['model']}"),
+        ("T11", f"no {streamed} row with a resident share (share:all, share:half)"),
     )
 
 
 def offload_rows(runs):
-    """T4-T8: a row per BM_offload run (the accelerate peer's included), the verdicts, and the
+    """T4-T8, T11: a row per BM_offload run (the accelerate peer's included), the verdicts, and the
     lines under the table: targets no row is held to, outputs that differ from resident."""
     rows, verdicts, notes, held = [], [], [], set()
     for r in runs:
         model, batch, variant = (r.param("model") or "-", r.param("batch") or "-",
                                  r.param("variant") or "-")
+        # A streamed row with a resident share of the budget says which.
+        label = variant + (f" (share {r.param('share')})" if r.param("share") else "")
         targets = offload_targets(r, runs)
         held.update(targets)
         checked = variant in ("streamed", "mapped")  # bitwise against resident, on its own
         if r.error:
             verdicts += [(t, "skipped") for t in targets + (["bitwise"] if checked else [])]
-            rows.append([model, batch, variant] + ["-"] * 6 + [f"skipped: {r.error}"])
+            rows.append([model, batch, label] + ["-"] * 6 + [f"skipped: {r.error}"])
             continue
         c = counter_set(r)
         equal = c.get("matches_resident" if variant == "accelerate" else "bitwise_equal")
         if checked:
-            what = f"{variant}, model {model}, batch {batch}"
+            what = f"{label}, model {model}, batch {batch}"
             if equal is None:
                 notes.append("- " + not_measured("bitwise", f"{what}: no bitwise_equal counter",
                                                  verdicts))
@@ -593,7 +638,7 @@ def offload_rows(runs):
         cells = [offload_verdict(t, r, runs, verdicts) for t in targets]
         budget = ("-" if "budget_bytes" not in c else
                   f"{fmt_mib(c['budget_bytes'])} / {fmt_mib(c.get('high_water_bytes'))}")
-        rows.append([model, batch, variant, fmt_us(ms_of(r)), fmt_us(c.get("ms_p99")),
+        rows.append([model, batch, label, fmt_us(ms_of(r)), fmt_us(c.get("ms_p99")),
                      "-" if "gbps" not in c else f"{c['gbps']:.1f}",
                      "-" if "pct_of_limit" not in c else f"{c['pct_of_limit']:.1f}",
                      budget, "-" if equal is None else "yes" if equal == 1 else "no",
@@ -648,13 +693,14 @@ def shared_rows(shared):
 
 
 def offload_section(runs, limit, shared):
-    """The Markdown of the offload tables (T4-T9) and their verdicts."""
+    """The Markdown of the offload tables (T4-T9, T11) and their verdicts."""
     rows, verdicts, notes = offload_rows(runs)
     srows, shared_verdicts = shared_rows(shared)
     if not srows:
         notes.append("- " + not_measured("T9", "no BM_offload_shared row", verdicts))
-    text = ("### Weight offload (bm_offload, PERF.md T4-T9)\n" + limit_line(limit, runs)
-            + " GB/s = weight bytes a forward reads / median time; budget / high water: "
+    text = ("### Weight offload (bm_offload, PERF.md T4-T9, T11)\n" + limit_line(limit, runs)
+            + " GB/s = weight bytes a forward reads (streamed: bytes it copies) / median time; "
+            "budget / high water: "
             "device memory for weights under streamed_weights; bitwise equal: the output "
             "against the resident run's on the same input.\n\n"
             + markdown(["model", "batch", "variant", "ms median", "ms p99", "GB/s",

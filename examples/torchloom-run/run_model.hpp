@@ -284,7 +284,9 @@ void run_model(const cli_args& a, tl::model_spec spec) {
       << ", \"high_water_bytes\": " << mem.high_water_bytes
       << ", \"budget_bytes\": " << mem.budget_bytes << ", \"host_bytes\": " << mem.host_bytes
       << ", \"budget_violations\": " << mem.budget_violations
-      << ", \"copied_bytes\": " << mem.copied_bytes << "}\n}\n";
+      << ", \"copied_bytes\": " << mem.copied_bytes
+      << ", \"resident_bytes\": " << mem.resident_bytes
+      << ", \"streamed_bytes\": " << mem.streamed_bytes << "}\n}\n";
     std::cout << j.str();
     return;
   }
@@ -309,7 +311,9 @@ void run_model(const cli_args& a, tl::model_spec spec) {
   std::cout << "memory:    device " << bytes(mem.device_bytes) << ", high water "
             << bytes(mem.high_water_bytes) << ", budget " << bytes(mem.budget_bytes)
             << ", pinned host " << bytes(mem.host_bytes) << ", copied " << bytes(mem.copied_bytes)
-            << ", budget violations " << mem.budget_violations << '\n';
+            << ", resident " << bytes(mem.resident_bytes) << ", streamed per run "
+            << bytes(mem.streamed_bytes) << ", budget violations " << mem.budget_violations
+            << '\n';
   std::cout << std::fixed << std::setprecision(1) << "load:      " << load_ms << " ms\n"
             << "latency:   " << st.runs << " runs (" << a.threads << " thread"
             << (a.threads == 1 ? "" : "s") << " x " << a.iterations << ") after " << a.warmup

@@ -128,6 +128,8 @@ class weight_map final : public weight_source {
     weight_memory m;
     m.device_bytes = resident_;
     m.high_water_bytes = resident_;
+    m.resident_bytes = resident_;
+    m.streamed_bytes = 0;
     m.budget_bytes = budget_;
     m.host_bytes = host_.pinned ? host_.bytes : 0;
     return m;

@@ -20,20 +20,28 @@
 namespace torchloom {
 
 //! The weights live in pinned host memory; the device holds at most
-//! WEIGHT_OFFLOAD_BUDGET_MB of them at once, in one arena, while the model runs. At load, a
-//! pass over the inlined forward graph replaces every weight read with a fetch, in execution
-//! order (weights/weight_graph.hpp); each fetch makes sure its weight has arrived and starts
-//! copying the next WEIGHT_OFFLOAD_PREFETCH_DEPTH ones on a copy stream of the runner's own,
-//! ordered with the compute stream by events both ways (no host synchronisation). Outputs are
-//! bitwise equal to resident_weights' (the same kernels read the same bytes).
+//! WEIGHT_OFFLOAD_BUDGET_MB of them at once (the device bytes for weights in all, as in
+//! TensorRT's weight streaming budget). At load, a pass over the inlined forward graph
+//! replaces every weight read with a fetch, in execution order (weights/weight_graph.hpp).
+//! Weights stream through a ring arena: each fetch makes sure its weight has arrived and
+//! starts copying the next WEIGHT_OFFLOAD_PREFETCH_DEPTH ones on a copy stream of the
+//! runner's own, ordered with the compute stream by events both ways (no host
+//! synchronisation). What the ring does not need of the budget keeps weights on the device
+//! for the runner's life, copied once at load: those that save the most copied bytes per
+//! byte first (read the most times a run, then the largest), while the ring the others need,
+//! with room for the copies started ahead, still fits beside them. Only the others are
+//! copied per run; a budget that holds every weight copies nothing per run (memory():
+//! resident_bytes, streamed_bytes). Outputs are bitwise equal to resident_weights' (the same
+//! kernels read the same bytes).
 //!
 //! For loaders whose weight reads can be rewritten (rewritable_weights: TorchScript's; a
 //! static_assert says so for other loaders). The forward runs without the graph executor's
 //! optimisation passes, which could reorder weight reads against the schedule. One run at a
-//! time per runner: the arena is the budget. A budget below the schedule's minimum is
-//! budget_too_small at load, naming the minimum; no budget at all is invalid_option. A model
-//! that writes into a weight or returns one is unsupported. On a CPU device the same schedule
-//! runs with plain memory copies (for tests). The copy engine: torchloom/weights/weight_stream.hpp.
+//! time per runner: the ring's arena is its share of the budget. A budget below the whole
+//! schedule's minimum is budget_too_small at load, naming the minimum; no budget at all is
+//! invalid_option. A model that writes into a weight or returns one is unsupported. On a CPU
+//! device the same schedule runs with plain memory copies, and resident weights are plain
+//! memory (for tests). The copy engine: torchloom/weights/weight_stream.hpp.
 struct streamed_weights {
   //! The options this policy reads (a runner without it refuses them).
   using option_blocks = boost::mp11::mp_list<weight_budget_options, streamed_weights_options>;
@@ -95,7 +103,7 @@ struct streamed_weights {
 
     //! The smallest WEIGHT_OFFLOAD_BUDGET_MB (in bytes) this model's schedule fits in.
     std::int64_t minimum_budget_bytes() const noexcept { return stream_->minimum_budget_bytes(); }
-    //! Fetches per run (the schedule's length).
+    //! Fetches per run (the schedule's length, resident weights' fetches included).
     std::size_t fetches() const noexcept { return stream_->positions(); }
 
    private:

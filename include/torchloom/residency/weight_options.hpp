@@ -27,8 +27,8 @@ BOOST_DESCRIBE_STRUCT(shared_weights_options, (), (enable_weight_sharing))
 struct weight_budget_options {
   static constexpr std::string_view read_by =
       "the residency policies streamed_weights and mapped_weights";
-  //! Device bytes for weights: in flight (streamed_weights), kept on the device
-  //! (mapped_weights).
+  //! Device bytes for weights: in all, the ring for those in flight and the weights kept
+  //! resident beside it (streamed_weights), kept on the device (mapped_weights).
   std::optional<bounded<std::int64_t, 1, std::int64_t{1} << 24>> weight_offload_budget_mb;
 
   friend bool operator==(const weight_budget_options&, const weight_budget_options&) = default;

@@ -1,6 +1,7 @@
 #pragma once
 //! The arithmetic of streamed_weights, apart from torch and CUDA: where each fetch of a weight
-//! sits in the device arena, what its copy must wait for, and the smallest arena that works.
+//! sits in the device arena, what its copy must wait for, the smallest arena that works, and
+//! which weights a budget larger than that keeps on the device instead of streaming them.
 //!
 //! A *position* is one fetch of one weight, in the order the forward pass runs them; the
 //! positions are the schedule. Position p's weight is in use until the host reaches the
@@ -182,6 +183,158 @@ inline std::int64_t minimum_arena(const weight_schedule& s,
     }
   }
   return hi;
+}
+
+//! The positions that still stream when some weights stay on the device: their schedule,
+//! renumbered in order, and where each came from.
+struct streamed_subset {
+  weight_schedule schedule;
+  std::vector<std::size_t> position;  //!< per streamed index: its position in the full schedule
+};
+
+//! The schedule of the positions p with `resident[p]` false (`resident` has one flag per
+//! position), renumbered in order. A position's release point becomes the first streamed
+//! position at or after it (the end, when there is none): never earlier than the original,
+//! and the events a copy waits for are recorded at streamed fetches only.
+inline streamed_subset streamed_positions(const weight_schedule& s,
+                                          const std::vector<bool>& resident) {
+  const std::size_t n = s.size();
+  streamed_subset out;
+  // first[p]: the streamed index of the first streamed position at or after p.
+  std::vector<std::size_t> first(n + 1, 0);
+  for (std::size_t p = 0; p < n; ++p) {
+    if (!resident[p]) out.position.push_back(p);
+  }
+  const std::size_t m = out.position.size();
+  first[n] = m;
+  for (std::size_t p = n, i = m; p-- > 0;) {
+    if (!resident[p]) --i;
+    first[p] = resident[p] ? first[p + 1] : i;
+  }
+  out.schedule.bytes.reserve(m);
+  out.schedule.release.reserve(m);
+  for (const std::size_t p : out.position) {
+    out.schedule.bytes.push_back(s.bytes[p]);
+    out.schedule.release.push_back(first[std::min(s.release[p], n)]);
+  }
+  return out;
+}
+
+//! The schedule as copies started ahead see it: a copy starts `depth` fetches before its own
+//! fetch, or, where `ahead_bytes` > 0, as soon as it is among the positions after the current
+//! one that come to less than `ahead_bytes` (weight_stream's granule), whichever is earlier.
+//! Each release point moves to the last position whose copy starts there (the end at most).
+//! An arena in which the result fits lets every copy start that early.
+inline weight_schedule released_later(weight_schedule s, std::size_t depth,
+                                      std::int64_t ahead_bytes = 0) {
+  const std::size_t n = s.size();
+  std::vector<std::int64_t> prefix(n + 1, 0);
+  for (std::size_t p = 0; p < n; ++p) prefix[p + 1] = prefix[p] + s.bytes[p];
+  // window[h]: the last position a copy started at the fetch of h reaches by bytes.
+  std::vector<std::size_t> window(n, 0);
+  for (std::size_t h = 0, e = 0; h < n && ahead_bytes > 0; ++h) {
+    e = std::max(e, h);
+    while (e + 1 < n && prefix[e + 1] - prefix[h + 1] < ahead_bytes) ++e;
+    window[h] = e;
+  }
+  for (auto& r : s.release) {
+    if (r >= n) continue;
+    r = std::min(std::max(r + depth, window[r]), n);
+  }
+  return s;
+}
+
+//! Which weights stay on the device for the runner's life, and the ring for the rest.
+struct resident_split {
+  std::vector<bool> resident;       //!< per weight
+  std::int64_t resident_bytes = 0;  //!< their sizes in the schedule, summed
+  streamed_subset streamed;         //!< the positions of the other weights
+  arena_plan plan;                  //!< the ring for them; resident_bytes + its arena <= budget
+};
+
+//! Splits a budget of device bytes between weights kept on the device and a ring for the
+//! others; a budget that holds every weight keeps them all. `weight_of[p]` is position p's
+//! weight (of `weights`); every position of a weight has its size. `minimum` is a feasible
+//! arena for the whole schedule, at most `budget`.
+//!
+//! A weight read k times a run saves k copies of its bytes a run when it stays: weights are
+//! taken by reads (descending), then size (descending), each one that fits, while the
+//! weights taken so far plus a lower bound of the ring the others need stay within the
+//! budget. That bound is the live bytes of their schedule with each release as late as the
+//! copies started ahead (`depth` fetches, `ahead_bytes`: released_later) need: a ring that
+//! holds what the engine copies ahead (with depth 0 and no bytes ahead, only what the
+//! schedule needs at once). Then the ring, the budget less the resident bytes (at
+//! most all the streamed bytes), is planned; where it does not fit, the last weight taken
+//! goes back to streaming, until it does, or until none is left and the ring is the
+//! whole schedule's `minimum`'s. O(weights x positions) for the choice, one plan per check.
+inline resident_split split_budget(const weight_schedule& s,
+                                   const std::vector<std::size_t>& weight_of, std::size_t weights,
+                                   std::int64_t budget, std::int64_t minimum, std::size_t depth,
+                                   std::int64_t ahead_bytes = 0) {
+  const std::size_t n = s.size();
+  std::vector<std::size_t> reads(weights, 0);
+  std::vector<std::int64_t> size(weights, 0);
+  for (std::size_t p = 0; p < n; ++p) {
+    ++reads[weight_of[p]];
+    size[weight_of[p]] = s.bytes[p];
+  }
+  std::vector<std::size_t> by_value;
+  for (std::size_t w = 0; w < weights; ++w) {
+    if (reads[w] > 0) by_value.push_back(w);
+  }
+  std::stable_sort(by_value.begin(), by_value.end(), [&](std::size_t a, std::size_t b) {
+    return reads[a] != reads[b] ? reads[a] > reads[b] : size[a] > size[b];
+  });
+  resident_split out;
+  out.resident.assign(weights, false);
+  std::vector<bool> resident_position(n, false);
+  const auto mark = [&](std::size_t w, bool on) {
+    out.resident[w] = on;
+    for (std::size_t p = 0; p < n; ++p) {
+      if (weight_of[p] == w) resident_position[p] = on;
+    }
+  };
+  std::int64_t all = 0;
+  for (const std::size_t w : by_value) all += size[w];
+  std::vector<std::size_t> taken;
+  for (const std::size_t w : by_value) {
+    if (all <= budget) {  // every weight fits: none streams, whatever the bound says
+      mark(w, true);
+      out.resident_bytes += size[w];
+      continue;
+    }
+    if (out.resident_bytes + size[w] > budget) continue;
+    mark(w, true);
+    const auto rest = streamed_positions(s, resident_position);
+    const std::int64_t ring = align_up(
+        live_bytes_bound(released_later(rest.schedule, depth, ahead_bytes)), weight_alignment);
+    if (out.resident_bytes + size[w] + ring <= budget) {
+      out.resident_bytes += size[w];
+      taken.push_back(w);
+    } else {
+      mark(w, false);
+    }
+  }
+  for (;;) {
+    out.streamed = streamed_positions(s, resident_position);
+    const weight_schedule& rest = out.streamed.schedule;
+    if (rest.size() == 0) {
+      out.plan = arena_plan{};
+      out.plan.feasible = true;
+      return out;
+    }
+    const std::int64_t total =
+        std::accumulate(rest.bytes.begin(), rest.bytes.end(), std::int64_t{0});
+    out.plan = plan_arena(rest, std::min(budget - out.resident_bytes, total));
+    if (out.plan.feasible) return out;
+    if (taken.empty()) {
+      out.plan = plan_arena(rest, minimum);  // the whole schedule: feasible by its minimum
+      return out;
+    }
+    mark(taken.back(), false);
+    out.resident_bytes -= size[taken.back()];
+    taken.pop_back();
+  }
 }
 
 }  // namespace torchloom::detail

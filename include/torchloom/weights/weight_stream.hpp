@@ -51,7 +51,14 @@ inline std::string size_text(std::int64_t bytes) {
 //! The run-time side of streamed_weights: the device arena, the copy stream and the events,
 //! and the fetch operator's implementation. One run at a time (the holder serialises runs).
 //!
-//! At the fetch of position h, on the host, in order:
+//! The budget is the device bytes for weights in all. Where it is larger than the schedule
+//! needs, the weights that save the most copies per byte stay on the device, copied once at
+//! load (split_budget in weight_schedule.hpp), and only the others stream through the ring,
+//! the rest of the budget. A fetch of a resident weight checks the order and returns it; the
+//! streamed positions are renumbered among themselves (streamed_positions), and everything
+//! below is in those numbers: positions, release points, events.
+//!
+//! At the fetch of streamed position h, on the host, in order:
 //!  1. record event E[h] on the compute stream, where a later copy waits for it: every
 //!     kernel that reads a position released at h is enqueued before it;
 //!  2. start the copies of the positions from the first one not yet copied up to h + depth
@@ -74,39 +81,31 @@ class weight_stream final : public weight_source {
   weight_stream& operator=(const weight_stream&) = delete;
   ~weight_stream() { drain(); }
 
-  //! Plans the arena for the rewritten forward and packs the weights into (pinned) host
-  //! memory. Throws invalid_option (no budget given), budget_too_small (naming the minimum),
-  //! cuda_error.
+  //! Chooses the weights that stay on the device and plans the arena for the others, for the
+  //! rewritten forward, packs the weights into (pinned) host memory and copies the resident
+  //! ones to the device. Throws invalid_option (no budget given), budget_too_small (naming
+  //! the minimum), cuda_error.
   void prepare(weight_rewrite& rewrite, std::optional<std::int64_t> budget_mb, int depth) {
     const std::size_t n = rewrite.position_weight.size();
+    const std::size_t weights = rewrite.weights.size();
     position_weight_ = rewrite.position_weight;
     for (const auto& w : rewrite.weights) names_.push_back(concat("'", w.name, "'"));
     depth_ = static_cast<std::size_t>(depth);
-    // Host layout: each weight where it is first fetched, so that positions that follow one
-    // another are usually adjacent in host memory too.
-    std::vector<std::size_t> order;
-    std::vector<bool> placed(rewrite.weights.size(), false);
-    for (const std::size_t w : position_weight_) {
-      if (!placed[w]) order.push_back(w);
-      placed[w] = true;
-    }
-    for (std::size_t w = 0; w < rewrite.weights.size(); ++w) {
-      if (!placed[w]) order.push_back(w);  // read by nothing after dead-code elimination
-    }
-    std::vector<std::int64_t> span(rewrite.weights.size());
+    std::vector<std::int64_t> span(weights);
     for (std::size_t w = 0; w < span.size(); ++w) {
       const auto& t = rewrite.weights[w].tensor;
       span[w] = static_cast<std::int64_t>(t.numel()) * static_cast<std::int64_t>(t.element_size());
     }
-    schedule_.bytes.resize(n);
+    weight_schedule full;
+    full.bytes.resize(n);
     for (std::size_t p = 0; p < n; ++p) {
-      schedule_.bytes[p] =
+      full.bytes[p] =
           align_up(std::max<std::int64_t>(span[position_weight_[p]], 1), weight_alignment);
     }
-    schedule_.release = rewrite.release;
+    full.release = rewrite.release;
     const std::int64_t total =
-        std::accumulate(schedule_.bytes.begin(), schedule_.bytes.end(), std::int64_t{0});
-    minimum_ = minimum_arena(schedule_, mib);  // budgets are whole MiB
+        std::accumulate(full.bytes.begin(), full.bytes.end(), std::int64_t{0});
+    minimum_ = minimum_arena(full, mib);  // budgets are whole MiB
     const std::string sizes = concat("its ", n, " weight fetches per run move ",
                                      size_text(total), "; the smallest arena their schedule "
                                      "fits is ", size_text(minimum_));
@@ -122,37 +121,76 @@ class weight_stream final : public weight_source {
                   concat("WEIGHT_OFFLOAD_BUDGET_MB=", *budget_mb, " is below what the schedule "
                          "needs: at least ", mib_text(minimum_), " (", sizes, ")"));
     }
-    // More than all of them at once is never used; a ring that happens not to fit is replaced
-    // by the minimum's, which does.
-    plan_ = plan_arena(schedule_, std::min(budget_, align_up(total, weight_alignment)));
-    if (!plan_.feasible) plan_ = plan_arena(schedule_, minimum_);
-    host_ = pack_host_weights(rewrite.weights, order, device_, model_);
-    host_offset_.resize(n);
-    for (std::size_t p = 0; p < n; ++p) host_offset_[p] = host_.offset[position_weight_[p]];
-    prefix_.assign(n + 1, 0);
-    for (std::size_t p = 0; p < n; ++p) prefix_[p + 1] = prefix_[p] + schedule_.bytes[p];
-    granule_end_.resize(n);
-    for (std::size_t h = 0, e = 0; h < n; ++h) {
-      e = std::max(e, h);
-      while (e + 1 < n && prefix_[e + 1] - prefix_[h + 1] < granule) ++e;
-      granule_end_[h] = e;
+    // The ring keeps room for what issue() copies ahead: `depth` positions and, with a depth,
+    // a granule. It is at most all the streamed bytes at once; one that happens not to fit
+    // gives resident weights back to streaming, or is the minimum's, which fits.
+    resident_split split = split_budget(full, position_weight_, weights, budget_, minimum_,
+                                        depth_, depth_ > 0 ? granule : 0);
+    resident_weight_ = std::move(split.resident);
+    resident_bytes_ = split.resident_bytes;
+    schedule_ = std::move(split.streamed.schedule);
+    streamed_position_ = std::move(split.streamed.position);
+    plan_ = std::move(split.plan);
+    const std::size_t m = schedule_.size();
+    streamed_bytes_ =
+        std::accumulate(schedule_.bytes.begin(), schedule_.bytes.end(), std::int64_t{0});
+    stream_index_.assign(n, resident_position);
+    streamed_before_.assign(n + 1, 0);
+    for (std::size_t i = 0; i < m; ++i) stream_index_[streamed_position_[i]] = i;
+    for (std::size_t p = 0; p < n; ++p) {
+      streamed_before_[p + 1] = streamed_before_[p] + (stream_index_[p] != resident_position);
     }
-    while (granule_start_ + 1 < n && prefix_[granule_start_ + 1] < granule) ++granule_start_;
-    records_.assign(n, false);
-    for (const auto& waits : {plan_.wait_for, plan_.cross_wait}) {
-      for (const auto w : waits) {
-        if (w >= 0 && static_cast<std::size_t>(w) < n) records_[static_cast<std::size_t>(w)] = true;
+    stream_weight_.resize(m);
+    for (std::size_t i = 0; i < m; ++i) {
+      stream_weight_[i] = position_weight_[streamed_position_[i]];
+    }
+    // Host layout: the streamed weights where they are first fetched, so that streamed
+    // positions that follow one another are usually adjacent in host memory too; then the
+    // resident ones, in one range that is copied to the device as it is.
+    std::vector<std::size_t> order;
+    std::vector<bool> placed(weights, false);
+    for (const bool resident : {false, true}) {
+      for (const std::size_t w : position_weight_) {
+        if (!placed[w] && resident_weight_[w] == resident) order.push_back(w);
+        if (resident_weight_[w] == resident) placed[w] = true;
       }
     }
-    chunk_of_.assign(n, 0);
+    for (std::size_t w = 0; w < weights; ++w) {
+      if (!placed[w]) order.push_back(w);  // read by nothing after dead-code elimination
+    }
+    host_ = pack_host_weights(rewrite.weights, order, device_, model_);
+    host_offset_.resize(m);
+    for (std::size_t i = 0; i < m; ++i) host_offset_[i] = host_.offset[stream_weight_[i]];
+    prefix_.assign(m + 1, 0);
+    for (std::size_t i = 0; i < m; ++i) prefix_[i + 1] = prefix_[i] + schedule_.bytes[i];
+    granule_end_.resize(m);
+    for (std::size_t h = 0, e = 0; h < m; ++h) {
+      e = std::max(e, h);
+      while (e + 1 < m && prefix_[e + 1] - prefix_[h + 1] < granule) ++e;
+      granule_end_[h] = e;
+    }
+    while (granule_start_ + 1 < m && prefix_[granule_start_ + 1] < granule) ++granule_start_;
+    records_.assign(m, false);
+    for (const auto& waits : {plan_.wait_for, plan_.cross_wait}) {
+      for (const auto w : waits) {
+        if (w >= 0 && static_cast<std::size_t>(w) < m) records_[static_cast<std::size_t>(w)] = true;
+      }
+    }
+    chunk_of_.assign(m, 0);
     allocate_arena(rewrite);
   }
 
-  at::Tensor fetch(std::size_t h) override {
-    if (h != next_ || h >= views_.size()) {
+  //! Fetch `position` of the full schedule (resident and streamed weights alike).
+  at::Tensor fetch(std::size_t position) override {
+    if (position != next_ || position >= views_.size()) {
       throw error(errc::run_failed, model_,
-                  concat("streamed_weights: fetch ", h, " out of order (expected ", next_,
+                  concat("streamed_weights: fetch ", position, " out of order (expected ", next_,
                          "); the forward graph no longer matches its schedule"));
+    }
+    const std::size_t h = stream_index_[position];
+    if (h == resident_position) {  // on the device since load
+      ++next_;
+      return views_[position];
     }
     if (device_.is_cuda()) {
 #if TORCHLOOM_HAS_CUDA
@@ -161,12 +199,13 @@ class weight_stream final : public weight_source {
                                    "cudaEventRecord (weights released)");
 #endif
     }
-    if (const auto q = release_up_to(h)) {
+    // The streamed positions fetched before this one, in this run: h of them.
+    if (const auto q = release_up_to(h, h)) {
       throw error(errc::run_failed, model_,
-                  concat("streamed_weights: weight ", names_[position_weight_[*q]],
-                         " (fetch ", *q, ") is still referenced after the fetch that "
-                         "releases it (", h, "): an op returned it, or a view of it, without "
-                         "declaring the alias; nothing was overwritten"));
+                  concat("streamed_weights: weight ", names_[stream_weight_[*q]], " (fetch ",
+                         streamed_position_[*q], ") is still referenced after the fetch that "
+                         "releases it (", position, "): an op returned it, or a view of it, "
+                         "without declaring the alias; nothing was overwritten"));
     }
     issue(static_cast<std::ptrdiff_t>(h));
     if (device_.is_cuda()) {
@@ -180,7 +219,7 @@ class weight_stream final : public weight_source {
 #endif
     }
     ++next_;
-    return views_[h];
+    return views_[position];
   }
 
   //! Before a run's first fetch.
@@ -195,10 +234,13 @@ class weight_stream final : public weight_source {
   //! this run's last kernels.
   void end_run() noexcept {
     bool complete = next_ == views_.size();
+    const std::size_t fetched = streamed_before_[next_];  // streamed positions, this run
     // Weights held to the run's end and still referenced: an output aliases them.
-    if (release_up_to(views_.size())) complete = false;
+    if (release_up_to(schedule_.size(), fetched)) complete = false;
 #if TORCHLOOM_HAS_CUDA
-    if (device_.is_cuda() && next_ > 0) {
+    // A run that fetched no streamed weight left nothing for a copy to wait for (compute_ is
+    // the stream of this run's last streamed fetch).
+    if (device_.is_cuda() && fetched > 0) {
       (void)cudaEventRecord(end_.get(), compute_);
       ended_ = true;
       if (complete) {
@@ -215,7 +257,7 @@ class weight_stream final : public weight_source {
     end_waited_ = false;
     live_.clear();
     live_bytes_ = 0;
-    if (!complete || views_.empty()) return;
+    if (!complete || schedule_.size() == 0) return;
     try {
       issue(-1);
     } catch (...) {
@@ -228,7 +270,9 @@ class weight_stream final : public weight_source {
 
   weight_memory memory() const noexcept {
     weight_memory m;
-    m.device_bytes = device_.is_cuda() ? plan_.arena_bytes : 0;
+    m.device_bytes = device_.is_cuda() ? plan_.arena_bytes + resident_bytes_ : 0;
+    m.resident_bytes = resident_bytes_;
+    m.streamed_bytes = streamed_bytes_;
     m.high_water_bytes = high_water_;
     m.budget_bytes = budget_;
     m.host_bytes = host_.pinned ? host_.bytes : 0;
@@ -238,18 +282,51 @@ class weight_stream final : public weight_source {
   }
 
   std::int64_t minimum_budget_bytes() const noexcept { return minimum_; }
+  //! Fetches per run, resident and streamed.
   std::size_t positions() const noexcept { return views_.size(); }
 
  private:
+  static constexpr std::size_t resident_position = static_cast<std::size_t>(-1);
+
+  // The ring, the resident weights (copied from the host buffer, where they lie in one range
+  // in the same layout) and the views that fetch returns, per position of the full schedule.
   void allocate_arena(const weight_rewrite& rewrite) {
     const auto bytes_opts = at::TensorOptions().dtype(at::kByte).device(device_);
     arena_ = at::empty({std::max<std::int64_t>(plan_.arena_bytes, 1)}, bytes_opts);
     auto* base = static_cast<std::byte*>(arena_.data_ptr());
-    views_.resize(schedule_.size());
-    for (std::size_t p = 0; p < schedule_.size(); ++p) {
-      const at::Tensor& like = host_.views[position_weight_[p]];
-      views_[p] = at::from_blob(base + plan_.offset[p], like.sizes(), like.strides(),
-                                [keep = arena_](void*) {},
+    std::int64_t resident_start = host_.bytes;
+    for (std::size_t w = 0; w < resident_weight_.size(); ++w) {
+      if (resident_weight_[w]) resident_start = std::min(resident_start, host_.offset[w]);
+    }
+    if (resident_bytes_ > 0) {
+      resident_ = at::empty({resident_bytes_}, bytes_opts);
+      const std::byte* from = host_.buffer.get() + resident_start;
+      if (!device_.is_cuda()) {
+        std::memcpy(resident_.data_ptr(), from, static_cast<std::size_t>(resident_bytes_));
+      } else {
+#if TORCHLOOM_HAS_CUDA
+        const c10::cuda::CUDAGuard guard(device_);
+        cuda::check(cudaMemcpy(resident_.data_ptr(), from,
+                               static_cast<std::size_t>(resident_bytes_), cudaMemcpyHostToDevice),
+                    model_, "cudaMemcpy (resident weights to the device)");
+#endif
+      }
+    }
+    views_.resize(position_weight_.size());
+    for (std::size_t p = 0; p < views_.size(); ++p) {
+      const std::size_t w = position_weight_[p];
+      const at::Tensor& like = host_.views[w];
+      const std::size_t h = stream_index_[p];
+      std::byte* data = nullptr;
+      at::Tensor keep;
+      if (h == resident_position) {
+        data = static_cast<std::byte*>(resident_.data_ptr()) + (host_.offset[w] - resident_start);
+        keep = resident_;
+      } else {
+        data = base + plan_.offset[h];
+        keep = arena_;
+      }
+      views_[p] = at::from_blob(data, like.sizes(), like.strides(), [keep](void*) {},
                                 at::TensorOptions().dtype(like.scalar_type()).device(device_));
     }
     (void)rewrite;
@@ -270,17 +347,19 @@ class weight_stream final : public weight_source {
 #endif
   }
 
-  // Host bookkeeping: the positions released by the fetch of h (every position released by
-  // the run's end, for h == size()) are no longer live. A released weight that something
-  // still references (the tensor, or a view of its bytes) would be read after its bytes are
-  // overwritten: the release point was wrong (an op that returns its input without saying
-  // so). That is counted as a violation and returned, the first such weight's position.
-  std::optional<std::size_t> release_up_to(std::size_t h) noexcept {
+  // Host bookkeeping: the streamed positions released by the fetch of h (every position
+  // released by the run's end, for h == size()) are no longer live. A released weight that
+  // something still references (the tensor, or a view of its bytes) would be read after its
+  // bytes are overwritten: the release point was wrong (an op that returns its input without
+  // saying so). That is counted as a violation and returned, the first such weight's
+  // position. `fetched`: the streamed positions fetched in this run so far.
+  std::optional<std::size_t> release_up_to(std::size_t h, std::size_t fetched) noexcept {
     std::optional<std::size_t> escaped;
     std::erase_if(live_, [&](std::size_t q) {
       if (schedule_.release[q] > h) return false;
       live_bytes_ -= schedule_.bytes[q];
-      if (q < next_ && (views_[q].use_count() > 1 || views_[q].storage().use_count() > 1)) {
+      const at::Tensor& view = views_[streamed_position_[q]];
+      if (q < fetched && (view.use_count() > 1 || view.storage().use_count() > 1)) {
         ++violations_;
         if (!escaped) escaped = q;
       }
@@ -293,6 +372,7 @@ class weight_stream final : public weight_source {
   // starts the copies due by then whose bytes are free by then.
   void issue(std::ptrdiff_t h) {
     const std::size_t n = schedule_.size();
+    if (n == 0) return;  // every weight is resident
     const auto first_ahead = static_cast<std::size_t>(h + 1);  // the positions after h
     const auto depth = static_cast<std::ptrdiff_t>(depth_);
     std::size_t end = std::min(n - 1, static_cast<std::size_t>(h + depth));
@@ -346,10 +426,10 @@ class weight_stream final : public weight_source {
       bytes += schedule_.bytes[p];
       chunk_of_[p] = x;
     }
-    if (live_bytes_ > budget_) ++violations_;
+    if (resident_bytes_ + live_bytes_ > budget_) ++violations_;
     high_water_ = std::max(high_water_, live_bytes_);
     // The last position's padding is not copied: the host buffer may end before it.
-    const std::int64_t last_span = host_.span[position_weight_[y]];
+    const std::int64_t last_span = host_.span[stream_weight_[y]];
     const std::int64_t length = bytes - schedule_.bytes[y] + last_span;
     copied_total_ += length;
     const auto* src = host_.buffer.get() + host_offset_[x];
@@ -418,20 +498,31 @@ class weight_stream final : public weight_source {
   arena_plan plan_;
   std::int64_t minimum_ = 0;
   std::int64_t budget_ = 0;
+  std::int64_t resident_bytes_ = 0;  // the resident weights' sizes in the schedule
+  std::int64_t streamed_bytes_ = 0;  // the streamed positions' sizes, summed
+  // Per position of the full schedule.
   std::vector<std::size_t> position_weight_;
-  std::vector<std::string> names_;  // per weight, quoted
+  std::vector<std::size_t> stream_index_;     // its streamed index, or resident_position
+  std::vector<std::size_t> streamed_before_;  // streamed positions before it (size + 1)
+  std::vector<at::Tensor> views_;             // over the arena or the resident weights
+  // Per weight.
+  std::vector<std::string> names_;  // quoted
+  std::vector<bool> resident_weight_;
+  // Per streamed position (schedule_, plan_ and the rest below are in streamed indices).
+  std::vector<std::size_t> streamed_position_;  // its position in the full schedule
+  std::vector<std::size_t> stream_weight_;
   host_weights host_;
-  std::vector<std::int64_t> host_offset_;  // per position
-  std::vector<std::int64_t> prefix_;       // prefix sums of schedule_.bytes
-  std::vector<std::size_t> granule_end_;   // per position
-  std::size_t granule_start_ = 0;          // granule_end_ for the start of a run
-  std::vector<bool> records_;              // per position: E is waited for by some copy
+  std::vector<std::int64_t> host_offset_;
+  std::vector<std::int64_t> prefix_;      // prefix sums of schedule_.bytes
+  std::vector<std::size_t> granule_end_;
+  std::size_t granule_start_ = 0;         // granule_end_ for the start of a run
+  std::vector<bool> records_;             // E is waited for by some copy
   at::Tensor arena_;
-  std::vector<at::Tensor> views_;  // per position, over the arena
+  at::Tensor resident_;
 
   // Per run.
-  std::size_t next_ = 0;      // the position the next fetch must be
-  std::size_t frontier_ = 0;  // the first position not yet copied
+  std::size_t next_ = 0;      // the position of the full schedule the next fetch must be
+  std::size_t frontier_ = 0;  // the first streamed position not yet copied
   std::ptrdiff_t copy_waited_ = -1;  // the copy stream waited for E[0..copy_waited_-1]
   bool end_waited_ = false;          // the copy stream waited for the previous run's END
   bool previous_complete_ = false;   // the previous run fetched every position

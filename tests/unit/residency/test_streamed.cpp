@@ -42,15 +42,18 @@ TEST_CASE("streamed_weights: outputs bitwise equal to resident_weights, within t
     }
     const auto mem = streamed.memory();
     CHECK(mem.budget_bytes == std::int64_t{mb} << 20);
-    CHECK(mem.high_water_bytes > 0);
-    CHECK(mem.high_water_bytes <= mem.budget_bytes);
+    CHECK(mem.high_water_bytes + mem.resident_bytes <= mem.budget_bytes);
     CHECK(mem.budget_violations == 0);
-    // Every run copies every fetch: 7 weights of 1 MiB and 10 vectors of 2 KiB (the even
-    // layers read their bias twice); after the last run, the next one's first copies have
-    // started.
+    // Every run copies the streamed fetches (all of them, with nothing resident: 7 weights
+    // of 1 MiB and 10 vectors of 2 KiB, the even layers reading their bias twice); after the
+    // last run, the next one's first copies have started.
     const std::int64_t per_run = 7 * (512 * 512 * 4) + 10 * (512 * 4);
-    CHECK(mem.copied_bytes >= 12 * per_run);
-    CHECK(mem.copied_bytes <= 13 * per_run);
+    if (mem.resident_bytes == 0) {
+      CHECK(mem.streamed_bytes == per_run);
+    }
+    CHECK(mem.streamed_bytes <= per_run);
+    CHECK(mem.copied_bytes >= 12 * mem.streamed_bytes);
+    CHECK(mem.copied_bytes <= 13 * mem.streamed_bytes);
   }
 }
 
@@ -65,6 +68,130 @@ TEST_CASE("streamed_weights: a budget below the schedule's minimum fails at load
                         "needs WEIGHT_OFFLOAD_BUDGET_MB", "at least 2 MiB");
   streamed_runner ok(m.spec(budget(2)));
   CHECK(ok.run({torch::randn({1, 512})})[0].sizes() == c10::IntArrayRef{1, 512});
+}
+
+namespace {
+
+// Runs `streamed` and `resident` on the same inputs `runs` times; true when every output is
+// bitwise equal.
+template <class Streamed>
+bool equal_runs(Streamed& streamed, resident_runner& resident, std::int64_t dim, int runs) {
+  bool equal = true;
+  for (int run = 0; run < runs; ++run) {
+    const auto x = torch::randn({4, dim}) * (run % 3 == 0 ? -1 : 1);
+    equal = equal && torch::equal(streamed.run({x})[0], resident.run({x})[0]);
+  }
+  return equal;
+}
+
+}  // namespace
+
+TEST_CASE("streamed_weights: a budget above the minimum keeps weights on the device",
+          "[residency][streamed]") {
+  stack_model m(6, 512);
+  resident_runner resident(m.spec());
+  // The weights: six of 1 MiB and seven vectors of 2 KiB.
+  const std::int64_t all = 6 * (512 * 512 * 4) + 7 * (512 * 4);
+  SECTION("a budget that holds every weight: nothing is copied per run") {
+    for (const int depth : {0, 2}) {
+      streamed_runner streamed(m.spec(budget(7, depth)));
+      CHECK(equal_runs(streamed, resident, 512, 6));
+      const auto mem = streamed.memory();
+      CHECK(mem.resident_bytes == all);
+      CHECK(mem.streamed_bytes == 0);
+      CHECK(mem.copied_bytes == 0);
+      CHECK(mem.high_water_bytes == 0);
+      CHECK(mem.budget_violations == 0);
+    }
+  }
+  SECTION("a budget in between: the rest streams, and only the rest") {
+    // Without prefetching the ring needs one layer at a time; with it, room for the copies
+    // started ahead (2 fetches and 8 MiB): the model of 4 MiB weights.
+    stack_model wide(6, 1024);
+    resident_runner wide_resident(wide.spec());
+    struct setting {
+      const stack_model& model;
+      resident_runner& reference;
+      int mb;
+      int depth;
+    };
+    for (const auto& [model, reference, mb, depth] :
+         {setting{m, resident, 4, 0}, setting{m, resident, 3, 0},
+          setting{wide, wide_resident, 24, 2}}) {
+      INFO("weights of " << model.dim << "^2, budget " << mb << " MiB, prefetch depth "
+                         << depth);
+      const std::int64_t w0 = model.dim * model.dim * 4;
+      streamed_runner streamed(model.spec(budget(mb, depth)));
+      CHECK(equal_runs(streamed, reference, model.dim, 1));
+      const auto once = streamed.memory().copied_bytes;
+      CHECK(equal_runs(streamed, reference, model.dim, 10));
+      const auto mem = streamed.memory();
+      // Layer 0's weight, read twice a run, saves the most: it stays.
+      CHECK(mem.resident_bytes >= w0);
+      CHECK(mem.resident_bytes < 6 * w0);
+      CHECK(mem.streamed_bytes > 0);
+      CHECK(mem.streamed_bytes < 7 * w0);
+      // Ten more runs copy the streamed bytes ten times (give or take the copies started
+      // ahead for the next run).
+      CHECK(mem.copied_bytes - once >= 9 * mem.streamed_bytes);
+      CHECK(mem.copied_bytes - once <= 11 * mem.streamed_bytes);
+      CHECK(mem.high_water_bytes > 0);
+      CHECK(mem.high_water_bytes + mem.resident_bytes <= mem.budget_bytes);
+      CHECK(mem.budget_violations == 0);
+    }
+  }
+  SECTION("the smallest budget keeps only what the ring leaves room for") {
+    // With a prefetch depth of 2 the ring needs more than 2 MiB: nothing stays.
+    streamed_runner ahead(m.spec(budget(2, 2)));
+    CHECK(equal_runs(ahead, resident, 512, 6));
+    CHECK(ahead.memory().resident_bytes == 0);
+    CHECK(ahead.memory().streamed_bytes == 7 * (512 * 512 * 4) + 10 * (512 * 4));
+    // Without prefetching the ring needs just over 1 MiB: a few vectors fit beside it.
+    streamed_runner least(m.spec(budget(2, 0)));
+    CHECK(equal_runs(least, resident, 512, 6));
+    CHECK(least.memory().resident_bytes < 512 * 512 * 4);
+    CHECK(least.memory().high_water_bytes + least.memory().resident_bytes <= 2 << 20);
+    CHECK(least.memory().budget_violations == 0);
+  }
+}
+
+TEST_CASE("streamed_weights: a weight read twice stays before a larger one read once",
+          "[residency][streamed]") {
+  // A (1 MiB) is read first and last, B and C (1.5 MiB each) once. A saves 2 MiB of copies a
+  // run for 1 MiB of budget, B 1.5 MiB for 1.5. In 3 MiB, A and a ring for B and C (1.5 MiB)
+  // fit; A and B and a ring for C do not.
+  temp_dir dir;
+  torch::jit::Module top("m");
+  top.register_parameter("A", torch::randn({512, 512}) / 23, false);
+  top.register_parameter("B", torch::randn({768, 512}) / 23, false);
+  top.register_parameter("C", torch::randn({512, 768}) / 28, false);
+  top.define(R"(
+def forward(self, x):
+    x = torch.relu(torch.linear(x, self.A))
+    y = torch.relu(torch.linear(x, self.B))
+    x = torch.linear(y, self.C)
+    return torch.linear(x, self.A)
+)");
+  torchloom_test::write_triton_model(dir / "m", top);
+  const auto spec = model_spec::from_directory(dir / "m");
+  resident_runner resident(spec);
+  constexpr std::int64_t a_bytes = 512 * 512 * 4;
+  constexpr std::int64_t b_bytes = 768 * 512 * 4;
+  streamed_runner streamed(model_spec(spec).set(budget(3, 0)));
+  CHECK(equal_runs(streamed, resident, 512, 5));
+  const auto mem = streamed.memory();
+  CHECK(mem.resident_bytes == a_bytes);
+  CHECK(mem.streamed_bytes == 2 * b_bytes);
+  CHECK(mem.copied_bytes == 5 * 2 * b_bytes);  // no prefetching: nothing copied ahead
+  CHECK(mem.budget_violations == 0);
+  // The minimum the error names is still the whole schedule's: one of B or C at a time.
+  CHECK_TORCHLOOM_ERROR(streamed_runner(model_spec(spec).set(budget(1, 0))),
+                        errc::budget_too_small, "at least 2 MiB");
+  // At the minimum nothing fits beside the ring: everything streams.
+  streamed_runner least(model_spec(spec).set(budget(2, 0)));
+  CHECK(equal_runs(least, resident, 512, 3));
+  CHECK(least.memory().resident_bytes == 0);
+  CHECK(least.memory().streamed_bytes == 2 * a_bytes + 2 * b_bytes);
 }
 
 TEST_CASE("streamed_weights: models whose weights cannot move are refused at load",

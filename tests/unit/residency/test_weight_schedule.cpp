@@ -143,3 +143,147 @@ TEST_CASE("weight schedule: the ring keeps live weights apart and finds the mini
     }
   }
 }
+
+TEST_CASE("weight schedule: the streamed positions of a schedule with resident weights",
+          "[residency][streamed]") {
+  const auto u = tld::weight_alignment;
+  SECTION("a hand-worked schedule") {
+    const tld::weight_schedule s{{1 * u, 2 * u, 3 * u, 4 * u, 5 * u}, {2, 2, 4, 5, 5}};
+    const auto sub = tld::streamed_positions(s, {false, true, false, true, false});
+    CHECK(sub.position == std::vector<std::size_t>{0, 2, 4});
+    CHECK(sub.schedule.bytes == std::vector<std::int64_t>{1 * u, 3 * u, 5 * u});
+    // 0 is released at 2, streamed index 1; 2 at 4 (index 2); 4 at the end (3).
+    CHECK(sub.schedule.release == std::vector<std::size_t>{1, 2, 3});
+    // A release point on a resident position moves to the next streamed one.
+    const auto later = tld::streamed_positions(s, {false, false, true, false, false});
+    CHECK(later.schedule.release == std::vector<std::size_t>{2, 2, 4, 4});
+    CHECK(tld::streamed_positions(s, std::vector<bool>(5, true)).schedule.size() == 0);
+    const auto all = tld::streamed_positions(s, std::vector<bool>(5, false));
+    CHECK(all.schedule.bytes == s.bytes);
+    CHECK(all.schedule.release == s.release);
+  }
+  SECTION("random schedules: each release is the first streamed position at or after it") {
+    std::mt19937 rng(11);
+    std::bernoulli_distribution coin(0.4);
+    for (int trial = 0; trial < 200; ++trial) {
+      const auto s = random_schedule(rng, 1 + trial % 30);
+      std::vector<bool> resident(s.size());
+      for (std::size_t p = 0; p < s.size(); ++p) resident[p] = coin(rng);
+      const auto sub = tld::streamed_positions(s, resident);
+      for (std::size_t i = 0; i < sub.schedule.size(); ++i) {
+        const std::size_t p = sub.position[i];
+        REQUIRE_FALSE(resident[p]);
+        CHECK(sub.schedule.bytes[i] == s.bytes[p]);
+        CHECK(sub.schedule.release[i] > i);
+        std::size_t want = 0;
+        while (want < sub.schedule.size() && sub.position[want] < s.release[p]) ++want;
+        CHECK(sub.schedule.release[i] == want);
+      }
+      CHECK(sub.schedule.size() ==
+            static_cast<std::size_t>(std::count(resident.begin(), resident.end(), false)));
+    }
+  }
+  SECTION("releasing later, for the prefetch depth") {
+    const tld::weight_schedule s{{u, u, u, u}, {1, 2, 4, 4}};
+    CHECK(tld::released_later(s, 2).release == std::vector<std::size_t>{3, 4, 4, 4});
+    CHECK(tld::released_later(s, 0).release == s.release);
+    // Copies that reach 2 units ahead: at the fetch of 1, those of 2 and 3 start.
+    CHECK(tld::released_later(s, 0, 2 * u).release == std::vector<std::size_t>{3, 3, 4, 4});
+    CHECK(tld::released_later(s, 2, 2 * u).release == std::vector<std::size_t>{3, 4, 4, 4});
+  }
+}
+
+namespace {
+
+// A random schedule over `weights` weights (sizes of 1-16 alignment units), each position a
+// random one of them, released 1-4 fetches later or, one in six, at the end of the run.
+std::pair<tld::weight_schedule, std::vector<std::size_t>> random_weighted(std::mt19937& rng,
+                                                                           std::size_t n,
+                                                                           std::size_t weights) {
+  std::uniform_int_distribution<int> size(1, 16);
+  std::uniform_int_distribution<std::size_t> which(0, weights - 1);
+  std::vector<std::int64_t> sizes(weights);
+  for (auto& b : sizes) b = size(rng) * tld::weight_alignment;
+  auto s = random_schedule(rng, n);
+  std::vector<std::size_t> weight_of(n);
+  for (std::size_t p = 0; p < n; ++p) {
+    weight_of[p] = which(rng);
+    s.bytes[p] = sizes[weight_of[p]];
+  }
+  return {s, weight_of};
+}
+
+}  // namespace
+
+TEST_CASE("weight schedule: a budget split between resident weights and the ring",
+          "[residency][streamed]") {
+  const auto u = tld::weight_alignment;
+  SECTION("a weight read twice is kept before a larger one read once") {
+    // A (4 units) at 0 and 3, B and C (6 units each) at 1 and 2; each released at the next
+    // fetch. A saves 8 units a run in 4 of budget; B 6 in 6. A budget of 12 units holds A and
+    // a ring for B and C (6), not A and B and a ring for C.
+    const tld::weight_schedule s{{4 * u, 6 * u, 6 * u, 4 * u}, {1, 2, 3, 4}};
+    const std::vector<std::size_t> weight_of{0, 1, 2, 0};
+    const auto minimum = tld::minimum_arena(s);
+    CHECK(minimum == 6 * u);
+    const auto split = tld::split_budget(s, weight_of, 3, 12 * u, minimum, 0);
+    CHECK(split.resident == std::vector<bool>{true, false, false});
+    CHECK(split.resident_bytes == 4 * u);
+    CHECK(split.streamed.position == std::vector<std::size_t>{1, 2});
+    REQUIRE(split.plan.feasible);
+    CHECK(split.plan.arena_bytes == 8 * u);  // the rest of the budget, below B and C's 12
+    // At the minimum nothing stays; with room for every weight, every one does.
+    const auto least = tld::split_budget(s, weight_of, 3, minimum, minimum, 0);
+    CHECK(least.resident_bytes == 0);
+    CHECK(least.streamed.schedule.size() == 4);
+    CHECK(least.plan.arena_bytes == minimum);
+    const auto all = tld::split_budget(s, weight_of, 3, 16 * u, minimum, 0);
+    CHECK(all.resident == std::vector<bool>{true, true, true});
+    CHECK(all.streamed.schedule.size() == 0);
+    CHECK(all.plan.arena_bytes == 0);
+    // A prefetch depth of 1 keeps room for the next weight's copy: B's and C's at once, so
+    // that 12 units keep nothing resident.
+    const auto ahead = tld::split_budget(s, weight_of, 3, 12 * u, minimum, 1);
+    CHECK(ahead.resident_bytes == 0);
+    CHECK(ahead.plan.arena_bytes == 12 * u);
+  }
+  SECTION("random schedules: the split stays within the budget and the ring is sound") {
+    std::mt19937 rng(5);
+    for (int trial = 0; trial < 150; ++trial) {
+      const std::size_t weights = 1 + static_cast<std::size_t>(trial % 12);
+      const auto [s, weight_of] = random_weighted(rng, 1 + trial % 30, weights);
+      const auto minimum = tld::minimum_arena(s);
+      std::vector<std::int64_t> size(weights, 0);
+      for (std::size_t p = 0; p < s.size(); ++p) size[weight_of[p]] = s.bytes[p];
+      std::int64_t all = 0;
+      for (const auto b : size) all += b;
+      for (const std::size_t depth : {std::size_t{0}, std::size_t{2}}) {
+        for (std::int64_t budget = minimum; budget <= all + u; budget += 3 * u) {
+          INFO("trial " << trial << ", budget " << budget << ", depth " << depth);
+          const auto split =
+              tld::split_budget(s, weight_of, weights, budget, minimum, depth, depth * 8 * u);
+          REQUIRE(split.plan.feasible);
+          CHECK(split.resident_bytes + split.plan.arena_bytes <= budget);
+          std::int64_t resident = 0;
+          for (std::size_t w = 0; w < weights; ++w) resident += split.resident[w] ? size[w] : 0;
+          CHECK(resident == split.resident_bytes);
+          for (std::size_t i = 0; i < split.streamed.schedule.size(); ++i) {
+            CHECK_FALSE(split.resident[weight_of[split.streamed.position[i]]]);
+          }
+          std::size_t streamed = 0;
+          for (std::size_t p = 0; p < s.size(); ++p) {
+            streamed += split.resident[weight_of[p]] ? 0 : 1;
+          }
+          CHECK(streamed == split.streamed.schedule.size());
+          if (split.streamed.schedule.size() > 0) {
+            CHECK(no_live_overlap(split.streamed.schedule, split.plan));
+            CHECK(waits_cover_occupants(split.streamed.schedule, split.plan));
+          }
+          if (budget >= all) {
+            CHECK(split.streamed.schedule.size() == 0);
+          }
+        }
+      }
+    }
+  }
+}
