@@ -42,9 +42,11 @@ static_assert(!rewritable_weights<torchloom::detail::loader_archetype> &&
               !measurable_weights<torchloom::detail::loader_archetype>);
 #if TORCHLOOM_TORCH_VERSION >= 20600
 struct derived_aoti_loader : aoti_loader {};
-static_assert(swappable_constants<aoti_loader> && !rewritable_weights<aoti_loader>);
+static_assert(swappable_constants<aoti_loader> && rewritable_weights<aoti_loader> &&
+              measurable_weights<aoti_loader>);
 static_assert(swappable_constants<derived_aoti_loader>);
 static_assert(residency_policy_for<mapped_weights, derived_aoti_loader>);
+static_assert(residency_policy_for<streamed_weights, derived_aoti_loader>);
 #endif
 // shared_weights keys its registry by a loader's load_key where it has one.
 static_assert(keyed_loader<torchscript_loader> && keyed_loader<derived_torchscript_loader>);
