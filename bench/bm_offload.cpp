@@ -18,6 +18,10 @@
 //    (nothing copied per run; timed alternately with resident), and of half of them (the
 //    rest streams; transfer_ms, its streamed bytes at the pinned limit, is what it is held
 //    to).
+//  - BM_offload/model:large_aoti: the large model as an AOTInductor package exported for
+//    streaming (scripts/make_offload_fixture.py; TORCHLOOM_OFFLOAD_FIXTURES overrides where it
+//    is): resident and streamed (same budget and depth) at batch 16 and 16384, and the two
+//    shares; without the package (or LibTorch < 2.6) these rows report why they did not run.
 // Each forward is timed with CUDA events on the caller's stream (30 after 3 warm-up ones;
 // streamed at the large batch in blocks alternating with resident, resident_ms_paired);
 // the median is the benchmark's manual time, and median, p99, GB/s (weight bytes read per
@@ -40,6 +44,8 @@
 
 #include "bench/support/cuda.hpp"
 #endif
+
+#include "bench/support/fixtures.hpp"
 
 #include "bench/support/registration.hpp"
 #include "bench/support/stats.hpp"
@@ -68,6 +74,31 @@ constexpr std::int64_t mib = std::int64_t{1} << 20;
 template <class Residency>
 using runner_type = torchloom::model_runner<torchloom::torchscript_loader, torchloom::no_hook,
                                             torchloom::caller_stream, Residency>;
+
+// One runner of either loader, seen through what the benchmarks call: its first output on one
+// input, and its memory (a virtual call: nothing beside a forward of milliseconds).
+class any_runner {
+ public:
+  virtual ~any_runner() = default;
+  virtual at::Tensor run(const at::Tensor& x) = 0;
+  virtual torchloom::weight_memory memory() const = 0;
+};
+
+template <class Runner>
+class runner_of final : public any_runner {
+ public:
+  runner_of(const torchloom::model_spec& spec, c10::Device device) : runner_(spec, device) {}
+  at::Tensor run(const at::Tensor& x) override { return runner_.run({x})[0]; }
+  torchloom::weight_memory memory() const override { return runner_.memory(); }
+
+ private:
+  Runner runner_;
+};
+
+template <class Runner>
+std::unique_ptr<any_runner> make_runner(const torchloom::model_spec& spec) {
+  return std::make_unique<runner_of<Runner>>(spec, c10::Device(c10::kCUDA, 0));
+}
 
 struct timing {
   double median_ms = 0;
@@ -145,11 +176,19 @@ struct offload_model {
   std::int64_t weight_bytes = 0;
   std::int64_t budget_mb = 0;
   std::vector<std::vector<at::Tensor>> layers;  // host (pageable) weights per layer
-  std::unique_ptr<runner_type<torchloom::resident_weights>> resident;
-  std::unique_ptr<runner_type<torchloom::streamed_weights>> streamed;
-  std::unique_ptr<runner_type<torchloom::mapped_weights>> mapped;
+  std::unique_ptr<any_runner> resident;
+  std::unique_ptr<any_runner> streamed;
+  std::unique_ptr<any_runner> mapped;
+  // A streamed_weights runner of this model under another spec (T11's budgets).
+  std::unique_ptr<any_runner> (*make_streamed)(const torchloom::model_spec&) = nullptr;
 
   torchloom::model_spec spec() const { return torchloom::model_spec::from_directory(dir); }
+  torchloom::model_spec streamed_spec(std::int64_t mb = 0) const {
+    auto s = spec();
+    s.set("WEIGHT_OFFLOAD_BUDGET_MB", std::to_string(mb > 0 ? mb : budget_mb));
+    s.set("WEIGHT_OFFLOAD_PREFETCH_DEPTH", "2");
+    return s;
+  }
 };
 
 // layers x (pieces tensors of rows x width), a layer applying their concatenation (pieces x
@@ -187,15 +226,41 @@ std::unique_ptr<offload_model> make_model(const std::filesystem::path& root, std
   top.define(code);
   std::filesystem::create_directories(m->dir / "1");
   top.save((m->dir / "1" / "model.pt").string());
-  const c10::Device gpu(c10::kCUDA, 0);
-  auto streamed_spec = m->spec();
-  streamed_spec.set("WEIGHT_OFFLOAD_BUDGET_MB", std::to_string(budget_mb));
-  streamed_spec.set("WEIGHT_OFFLOAD_PREFETCH_DEPTH", "2");
-  m->resident = std::make_unique<runner_type<torchloom::resident_weights>>(m->spec(), gpu);
-  m->streamed = std::make_unique<runner_type<torchloom::streamed_weights>>(streamed_spec, gpu);
-  m->mapped = std::make_unique<runner_type<torchloom::mapped_weights>>(m->spec(), gpu);
+  m->make_streamed = make_runner<runner_type<torchloom::streamed_weights>>;
+  m->resident = make_runner<runner_type<torchloom::resident_weights>>(m->spec());
+  m->streamed = m->make_streamed(m->streamed_spec());
+  m->mapped = make_runner<runner_type<torchloom::mapped_weights>>(m->spec());
   return m;
 }
+
+#if TORCHLOOM_TORCH_VERSION >= 20600
+template <class Residency>
+using package_runner = torchloom::model_runner<torchloom::aoti_loader, torchloom::no_hook,
+                                               torchloom::caller_stream, Residency>;
+
+// The package twin of the large model, made by scripts/make_offload_fixture.py (exported by
+// torchloom_export with offload on): its resident and streamed runners, same budget and
+// depth.
+std::unique_ptr<offload_model> load_package_model(std::string name, std::int64_t width,
+                                                  std::int64_t budget_mb) {
+  auto m = std::make_unique<offload_model>();
+  m->name = std::move(name);
+  m->dir = env_or("TORCHLOOM_OFFLOAD_FIXTURES", TORCHLOOM_OFFLOAD_FIXTURE_DIR) / m->name;
+  m->width = width;
+  m->budget_mb = budget_mb;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(m->dir / "1" / "model.pt2", ec)) {
+    throw std::runtime_error("no package " + (m->dir / "1" / "model.pt2").string() +
+                             "; run scripts/make_offload_fixture.py (or set "
+                             "TORCHLOOM_OFFLOAD_FIXTURES)");
+  }
+  m->make_streamed = make_runner<package_runner<torchloom::streamed_weights>>;
+  m->resident = make_runner<package_runner<torchloom::resident_weights>>(m->spec());
+  m->weight_bytes = m->resident->memory().device_bytes;
+  m->streamed = m->make_streamed(m->streamed_spec());
+  return m;
+}
+#endif
 
 double measure_limit_gbps() {
   const std::int64_t bytes = 1024 * mib;
@@ -213,6 +278,17 @@ struct fixture {
   double limit_gbps = 0;
   std::unique_ptr<offload_model> large;
   std::unique_ptr<offload_model> small;
+  std::unique_ptr<offload_model> package;  // large_aoti, on first use
+
+  // The package model, loaded on first use; throws (the row's error) without it.
+  offload_model& large_package() {
+#if TORCHLOOM_TORCH_VERSION >= 20600
+    if (!package) package = load_package_model("large_aoti", 8192, 512);
+    return *package;
+#else
+    throw std::runtime_error("the package rows need LibTorch >= 2.6 (aoti_loader)");
+#endif
+  }
 
   static std::unique_ptr<fixture>& instance() {
     static std::unique_ptr<fixture> f;
@@ -262,22 +338,36 @@ void streamed_counters(benchmark::State& state, const torchloom::weight_memory& 
 
 enum class variant { resident, streamed, mapped, naive };
 
-void BM_offload(benchmark::State& state, bool large_model, std::int64_t batch, variant v) {
+enum class model_kind { large, small_tensors, large_package };
+
+const offload_model& model_of(fixture& f, model_kind k) {
+  switch (k) {
+    case model_kind::large:
+      return *f.large;
+    case model_kind::small_tensors:
+      return *f.small;
+    case model_kind::large_package:
+      return f.large_package();
+  }
+  throw std::logic_error("model_of: unknown model");
+}
+
+void BM_offload(benchmark::State& state, model_kind which, std::int64_t batch, variant v) {
   try {
     auto& f = fixture::get();
-    const offload_model& m = large_model ? *f.large : *f.small;
+    const offload_model& m = model_of(f, which);
     const at::Tensor x = input(m, batch);
-    const at::Tensor want = m.resident->run({x})[0];
+    const at::Tensor want = m.resident->run(x);
     std::function<at::Tensor()> forward;
     switch (v) {
       case variant::resident:
-        forward = [&] { return m.resident->run({x})[0]; };
+        forward = [&] { return m.resident->run(x); };
         break;
       case variant::streamed:
-        forward = [&] { return m.streamed->run({x})[0]; };
+        forward = [&] { return m.streamed->run(x); };
         break;
       case variant::mapped:
-        forward = [&] { return m.mapped->run({x})[0]; };
+        forward = [&] { return m.mapped->run(x); };
         break;
       case variant::naive:
         forward = [&] {
@@ -300,7 +390,7 @@ void BM_offload(benchmark::State& state, bool large_model, std::int64_t batch, v
     for (auto _ : state) {
       if (paired) {
         const auto [t, resident] = time_in_blocks([&] { (void)forward(); },
-                                               [&] { (void)m.resident->run({x}); });
+                                               [&] { (void)m.resident->run(x); });
         report(state, t, m, f.limit_gbps, equal, moved);
         state.counters["resident_ms_paired"] = resident.median_ms;
       } else {
@@ -317,22 +407,20 @@ void BM_offload(benchmark::State& state, bool large_model, std::int64_t batch, v
 // (`all`: every weight stays, nothing is copied per run; timed alternately with resident) or
 // of half of them (the other half streams: held to transfer_ms, its streamed bytes at the
 // pinned limit). The runner is built here and goes at the end, with its device memory.
-void BM_offload_share(benchmark::State& state, bool all) {
+void BM_offload_share(benchmark::State& state, model_kind which, bool all) {
   try {
     auto& f = fixture::get();
-    const offload_model& m = *f.large;
+    const offload_model& m = model_of(f, which);
     const std::int64_t budget_mb = ((all ? m.weight_bytes : m.weight_bytes / 2) + mib - 1) / mib;
-    auto spec = m.spec();
-    spec.set("WEIGHT_OFFLOAD_BUDGET_MB", std::to_string(budget_mb));
-    spec.set("WEIGHT_OFFLOAD_PREFETCH_DEPTH", "2");
-    runner_type<torchloom::streamed_weights> streamed(spec, c10::Device(c10::kCUDA, 0));
+    const auto streamed_runner = m.make_streamed(m.streamed_spec(budget_mb));
+    any_runner& streamed = *streamed_runner;
     const at::Tensor x = input(m, 16);
-    const bool equal = torch::equal(streamed.run({x})[0], m.resident->run({x})[0]);
-    const auto forward = [&] { (void)streamed.run({x}); };
+    const bool equal = torch::equal(streamed.run(x), m.resident->run(x));
+    const auto forward = [&] { (void)streamed.run(x); };
     const std::int64_t moved = streamed.memory().streamed_bytes;
     for (auto _ : state) {
       if (all) {
-        const auto [t, resident] = time_in_blocks(forward, [&] { (void)m.resident->run({x}); });
+        const auto [t, resident] = time_in_blocks(forward, [&] { (void)m.resident->run(x); });
         report(state, t, m, f.limit_gbps, equal, moved);
         state.counters["resident_ms_paired"] = resident.median_ms;
       } else {
@@ -374,7 +462,7 @@ void BM_offload_shared(benchmark::State& state) {
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     alloc::resetPeakStats(0);
     const auto before_run = current();
-    (void)m.resident->run({x});
+    (void)m.resident->run(x);
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     const std::int64_t activation = peak() - before_run;
     const std::int64_t weights = m.resident->memory().device_bytes;
@@ -418,19 +506,34 @@ void register_all() {
   for (const row r : {row{"resident", variant::resident}, row{"streamed", variant::streamed},
                       row{"mapped", variant::mapped}, row{"naive", variant::naive}}) {
     add(std::string("BM_offload/model:large/batch:16/variant:") + r.name,
-        [v = r.v](benchmark::State& s) { BM_offload(s, true, 16, v); });
+        [v = r.v](benchmark::State& s) { BM_offload(s, model_kind::large, 16, v); });
     add(std::string("BM_offload/model:small_tensors/batch:16/variant:") + r.name,
-        [v = r.v](benchmark::State& s) { BM_offload(s, false, 16, v); });
+        [v = r.v](benchmark::State& s) { BM_offload(s, model_kind::small_tensors, 16, v); });
   }
   for (const row r : {row{"resident", variant::resident}, row{"streamed", variant::streamed}}) {
     add(std::string("BM_offload/model:large/batch:16384/variant:") + r.name,
-        [v = r.v](benchmark::State& s) { BM_offload(s, true, 16384, v); });
+        [v = r.v](benchmark::State& s) { BM_offload(s, model_kind::large, 16384, v); });
   }
   add("BM_offload_shared/runners:8", BM_offload_shared);
   for (const bool all : {true, false}) {
     add(std::string("BM_offload/model:large/batch:16/variant:streamed/share:") +
             (all ? "all" : "half"),
-        [all](benchmark::State& s) { BM_offload_share(s, all); });
+        [all](benchmark::State& s) { BM_offload_share(s, model_kind::large, all); });
+  }
+  // The same model as an AOTInductor package (T4, T6, T11 for packages): resident and
+  // streamed at both batches, and the two resident shares.
+  for (const std::int64_t batch : {16, 16384}) {
+    for (const row r : {row{"resident", variant::resident}, row{"streamed", variant::streamed}}) {
+      add("BM_offload/model:large_aoti/batch:" + std::to_string(batch) + "/variant:" + r.name,
+          [v = r.v, batch](benchmark::State& s) {
+            BM_offload(s, model_kind::large_package, batch, v);
+          });
+    }
+  }
+  for (const bool all : {true, false}) {
+    add(std::string("BM_offload/model:large_aoti/batch:16/variant:streamed/share:") +
+            (all ? "all" : "half"),
+        [all](benchmark::State& s) { BM_offload_share(s, model_kind::large_package, all); });
   }
 }
 

@@ -50,7 +50,7 @@ model_spec with_budget(const std::filesystem::path& dir, int mb) {
 
 TEST_CASE("AOTI streamed: weights 4x the budget, bitwise equal to the package run resident "
           "over 100 runs; the device holds the arena",
-          "[aoti][cuda][streamed]") {
+          "[aoti][cuda][streamed][device_memory]") {
   TORCHLOOM_REQUIRE_CUDA();
   TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "stream_mlp_cuda");
   const c10::Device gpu(c10::kCUDA, 0);
@@ -94,7 +94,7 @@ TEST_CASE("AOTI streamed: weights 4x the budget, bitwise equal to the package ru
 }
 
 TEST_CASE("AOTI streamed: a model larger than the device's free memory loads and runs",
-          "[aoti][cuda][streamed]") {
+          "[aoti][cuda][streamed][device_memory]") {
   TORCHLOOM_REQUIRE_CUDA();
   TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "stream_mlp_cuda");
   const c10::Device gpu(c10::kCUDA, 0);
