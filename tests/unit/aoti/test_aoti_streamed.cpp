@@ -42,6 +42,17 @@ std::int64_t device_used() {
   return static_cast<std::int64_t>(total - free);
 }
 
+// What torch's caching allocator has handed out on cuda:0: now, and at most since its peak
+// was reset.
+struct allocated {
+  std::int64_t current = 0;
+  std::int64_t peak = 0;
+};
+allocated torch_allocated() {
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+  return {stats.allocated_bytes[0].current, stats.allocated_bytes[0].peak};  // [0]: all pools
+}
+
 model_spec with_budget(const std::filesystem::path& dir, int mb) {
   return model_spec::from_directory(dir).set("WEIGHT_OFFLOAD_BUDGET_MB", std::to_string(mb));
 }
@@ -63,10 +74,16 @@ TEST_CASE("AOTI streamed: weights 4x the budget, bitwise equal to the package ru
   // The process's one-time CUDA costs (cuBLAS's workspace for this stream) come first.
   (void)resident.run({torch::randn({4, 2048}, gpu)});
   const std::int64_t before = device_used();
+  const auto torch_before = torch_allocated();
+  c10::cuda::CUDACachingAllocator::resetPeakStats(0);
   aoti_runner<torchloom::streamed_weights> streamed(with_budget(dir, 32), gpu);
   const std::int64_t held = device_used() - before;
+  const auto torch_after = torch_allocated();
   const auto loaded = streamed.memory();
-  INFO("device bytes after load " << held << ", arena " << loaded.device_bytes);
+  INFO("device bytes after load " << held << " (torch's allocator: +"
+                                  << torch_after.current - torch_before.current << ", peak +"
+                                  << torch_after.peak - torch_before.current << "), arena "
+                                  << loaded.device_bytes);
   CHECK(loaded.device_bytes <= 32 * mib);
   // The arena, plus a stated slack for the package's own kernels and buffers: 8 MiB.
   CHECK(held <= loaded.device_bytes + 8 * mib);
