@@ -343,7 +343,8 @@ struct aoti_loader {
       std::optional<c10::DeviceGuard> guard;
       if (ctx.device.is_cuda()) guard.emplace(ctx.device);
       auto* runner = m.package->get_runner();
-      m.package->load_constants(constants, /*use_inactive=*/true, /*check_full_update=*/true,
+      auto views = detail::unowned_views(constants);  // the model keeps the owners
+      m.package->load_constants(views, /*use_inactive=*/true, /*check_full_update=*/true,
                                 /*user_managed=*/true);
       runner->swap_constant_buffer();
       runner->free_inactive_constant_buffer();
@@ -539,7 +540,8 @@ struct weight_access<Loader> {
   static void replace_constants(aoti_model& m,
                                 std::unordered_map<std::string, at::Tensor>& replacement) {
     auto* runner = m.package->get_runner();
-    m.package->load_constants(replacement, /*use_inactive=*/true, /*check_full_update=*/true,
+    auto views = detail::unowned_views(replacement);  // the caller keeps the owners
+    m.package->load_constants(views, /*use_inactive=*/true, /*check_full_update=*/true,
                               /*user_managed=*/true);
     runner->swap_constant_buffer();
     runner->free_inactive_constant_buffer();

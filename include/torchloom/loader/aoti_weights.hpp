@@ -264,4 +264,30 @@ inline std::vector<at::Tensor> read_package_weights(
   return out;
 }
 
+//! Views of `owners` over storages that do not own their memory (one per distinct storage, so
+//! constants that share one still share it), for the package's user-managed constants.
+//! torch's container takes a new tensor handle for each user-managed constant and never
+//! deletes it (torch 2.6 to 2.11), which would keep an owning storage, and its memory, alive
+//! after the package is gone; a view's storage holds only the address. The caller keeps
+//! `owners` for as long as the package may run.
+inline std::unordered_map<std::string, at::Tensor> unowned_views(
+    const std::unordered_map<std::string, at::Tensor>& owners) {
+  std::unordered_map<const c10::StorageImpl*, c10::Storage> storages;
+  std::unordered_map<std::string, at::Tensor> views;
+  views.reserve(owners.size());
+  for (const auto& [name, t] : owners) {
+    const c10::Storage& owner = t.storage();
+    auto it = storages.find(owner.unsafeGetStorageImpl());
+    if (it == storages.end()) {
+      c10::Storage unowned(c10::Storage::use_byte_size_t(), owner.nbytes(),
+                           c10::DataPtr(const_cast<void*>(owner.data()), owner.device()),
+                           /*allocator=*/nullptr, /*resizable=*/false);
+      it = storages.emplace(owner.unsafeGetStorageImpl(), std::move(unowned)).first;
+    }
+    views.emplace(name, at::empty({0}, t.options())
+                            .set_(it->second, t.storage_offset(), t.sizes(), t.strides()));
+  }
+  return views;
+}
+
 }  // namespace torchloom::detail
