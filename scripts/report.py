@@ -180,13 +180,21 @@ def user_counters(entry):
             and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def load(files):
+def load(files, unreadable=None):
+    """The results of `files`. A file that is not whole JSON (a benchmark stopped while it
+    wrote) is left out and named in `unreadable`, a list of (path, why), when one is given."""
     results = {}  # run name without settings -> result
     order = []
     contexts = []
     for file_index, path in enumerate(files):
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+            try:
+                data = json.load(f)
+            except json.JSONDecodeError as e:
+                if unreadable is None:
+                    raise
+                unreadable.append((path, str(e)))
+                continue
         contexts.append((path, data.get("context", {})))
         for position, b in enumerate(data.get("benchmarks", [])):
             run_name = b.get("run_name") or b["name"]
@@ -924,10 +932,13 @@ def main(argv):
     args = ap.parse_args(argv)
 
     try:
-        results, contexts = load(args.files)
+        unreadable = []
+        results, contexts = load(args.files, unreadable)
     except (OSError, ValueError, KeyError) as e:
         print(f"report.py: cannot read the benchmark results: {e}", file=sys.stderr)
         return 2
+    unread = "\n".join(f"- {os.path.basename(path)} not read (not whole JSON: was the benchmark "
+                        f"stopped while it wrote?): {why}" for path, why in unreadable)
     pairs, paired, other = pair_up(results)
     prows, separate_verdicts = pair_rows(pairs)
     qrows, paired_verdicts = paired_rows(paired)
@@ -1011,6 +1022,8 @@ def main(argv):
         if verdict_line:
             f.write(f"**{verdict_line}**\n\n")
         f.write("\n\n".join(tables) + "\n")
+        if unread:
+            f.write("\n" + unread + "\n")
         if plotted:
             f.write("\n![latency](latency.png)\n")
         if plotted_offload:
@@ -1022,6 +1035,8 @@ def main(argv):
         print(verdict_line)
     print()
     print("\n\n".join(tables) if tables else "(no benchmark results)")
+    if unread:
+        print(unread)
     return 0
 
 
