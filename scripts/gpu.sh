@@ -58,6 +58,22 @@ run_logged() {
   return "$rc"
 }
 
+# await_job PID OUTPUT WHAT IF_FAILED: waits for a background job started to make fixtures,
+# appends its OUTPUT to the log and says how it went (IF_FAILED: what then does not run, and
+# the output's last lines); returns the job's status.
+await_job() {
+  local rc=0
+  wait "$1" || rc=$?
+  cat "$2" >>"$LOG"
+  if ((rc == 0)); then
+    say "$3: ok (done $((SECONDS - fixtures_began))s after the fixtures started)"
+  else
+    say "$3: FAILED (status $rc); $4:"
+    tail -n 12 "$2" | cut -c1-240 | show 3000
+  fi
+  return "$rc"
+}
+
 # finish STATUS MESSAGE: the closing line, for a run that stops before the report.
 finish() {
   say "== result: $2 ($((SECONDS - START))s)"
@@ -153,34 +169,13 @@ say "built $(grep -c '^\[' "$SCRATCH/build.txt" || true) steps"
 
 # ---------------------------------------------------------------------------------------
 fixtures_rc=0
-wait "$fixtures_pid" || fixtures_rc=$?
-cat "$SCRATCH/fixtures.txt" >>"$LOG"
-if ((fixtures_rc == 0)); then
-  say "aoti fixtures: ok (done $((SECONDS - fixtures_began))s after they started)"
-else
-  say "aoti fixtures: FAILED (status $fixtures_rc); the AOTI tests and benchmarks will skip:"
-  tail -n 12 "$SCRATCH/fixtures.txt" | cut -c1-240 | show 3000
-fi
+await_job "$fixtures_pid" "$SCRATCH/fixtures.txt" "aoti fixtures" \
+  "the AOTI tests and benchmarks will skip" || fixtures_rc=$?
 # Before the tests: some of them measure the device's free memory, which an export changes.
-offload_fixture_rc=0
-wait "$offload_fixture_pid" || offload_fixture_rc=$?
-cat "$SCRATCH/offload-fixture.txt" >>"$LOG"
-if ((offload_fixture_rc == 0)); then
-  say "offload fixture: ok (done $((SECONDS - fixtures_began))s after it started)"
-else
-  say "offload fixture: FAILED (status $offload_fixture_rc); bm_offload's large_aoti rows will not run:"
-  tail -n 12 "$SCRATCH/offload-fixture.txt" | cut -c1-240 | show 3000
-fi
-
-graph_fixtures_rc=0
-wait "$graph_fixtures_pid" || graph_fixtures_rc=$?
-cat "$SCRATCH/graph-fixtures.txt" >>"$LOG"
-if ((graph_fixtures_rc == 0)); then
-  say "graph fixtures: ok"
-else
-  say "graph fixtures: FAILED (status $graph_fixtures_rc); bm_graphs' ResNet-18 rows will skip:"
-  tail -n 8 "$SCRATCH/graph-fixtures.txt" | cut -c1-240 | show 2000
-fi
+await_job "$offload_fixture_pid" "$SCRATCH/offload-fixture.txt" "offload fixture" \
+  "bm_offload's large_aoti rows will not run" || true
+await_job "$graph_fixtures_pid" "$SCRATCH/graph-fixtures.txt" "graph fixtures" \
+  "bm_graphs' ResNet-18 rows will skip" || true
 
 # ---------------------------------------------------------------------------------------
 step "test (ctest -j12)"
