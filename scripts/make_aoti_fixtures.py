@@ -41,9 +41,7 @@ and whether CUDA is available; when it matches, nothing is rebuilt.
 """
 
 import ctypes
-import hashlib
 import os
-import shutil
 import sys
 import time
 
@@ -51,6 +49,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fixture_stamp  # noqa: E402
 from torchloom_export import TensorBuffers, declared_inputs, export_model  # noqa: E402
 
 FIXTURES = ("mlp_cpu", "mlp_cuda", "two_inputs_cuda", "lookup_cpu", "stream_mlp_cuda",
@@ -192,14 +191,10 @@ def build_streamed(outdir, name, model, sample, reference_inputs):
 
 
 def stamp(op_library):
-    h = hashlib.sha256()
-    here = os.path.dirname(os.path.abspath(__file__))
-    for script in ("make_aoti_fixtures.py", "torchloom_export.py"):
-        with open(os.path.join(here, script), "rb") as f:
-            h.update(f.read())
-    h.update(f"torch {torch.__version__} cuda {torch.version.cuda} "
-             f"available {torch.cuda.is_available()} op library {bool(op_library)}".encode())
-    return h.hexdigest()
+    return fixture_stamp.digest(
+        ("make_aoti_fixtures.py", "torchloom_export.py"),
+        f"torch {torch.__version__} cuda {torch.version.cuda} "
+        f"available {torch.cuda.is_available()} op library {bool(op_library)}")
 
 
 def main(argv):
@@ -210,23 +205,16 @@ def main(argv):
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     outdir = os.path.abspath(argv[0])
-    stamp_file = os.path.join(outdir, ".stamp")
     want = stamp(op_library)
-    if os.path.exists(stamp_file):
-        with open(stamp_file, encoding="utf-8") as f:
-            if f.read().strip() == want:
-                print(f"make_aoti_fixtures: {outdir} is up to date")
-                return 0
+    if fixture_stamp.up_to_date(outdir, want):
+        print(f"make_aoti_fixtures: {outdir} is up to date")
+        return 0
     version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
     if version < (2, 6):
         print(f"make_aoti_fixtures: torch {torch.__version__} is too old (needs 2.6)",
               file=sys.stderr)
         return 1
-    os.makedirs(outdir, exist_ok=True)
-    if os.path.exists(stamp_file):
-        os.remove(stamp_file)
-    for name in FIXTURES:  # only what this script makes
-        shutil.rmtree(os.path.join(outdir, name), ignore_errors=True)
+    fixture_stamp.clear(outdir, FIXTURES)
 
     torch.manual_seed(0)
     batch = torch.export.Dim("batch", min=1, max=4096)
@@ -251,8 +239,7 @@ def main(argv):
         load_op_library(op_library)
         build(outdir, "lookup_cpu", Lookup(), (torch.randint(0, 10, (8,)),), None,
               {"keys": {0: batch}}, "cpu", declare_in_metadata=True)
-    with open(stamp_file, "w", encoding="utf-8") as f:
-        f.write(want + "\n")
+    fixture_stamp.mark(outdir, want)
     return 0
 
 

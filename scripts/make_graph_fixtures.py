@@ -14,15 +14,14 @@ Cached: OUTDIR/.stamp holds a hash of this file, make_aoti_fixtures.py (whose bu
 uses) and the torch and torchvision versions; when it matches, nothing is rebuilt.
 """
 
-import hashlib
 import os
-import shutil
 import sys
 import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fixture_stamp  # noqa: E402
 import make_aoti_fixtures  # noqa: E402  (the package builder the other fixtures use)
 
 FIXTURES = ("resnet18_ts", "resnet18_cuda")
@@ -30,15 +29,11 @@ MAX_BATCH = 64
 
 
 def stamp():
-    h = hashlib.sha256()
-    here = os.path.dirname(os.path.abspath(__file__))
-    for name in ("make_graph_fixtures.py", "make_aoti_fixtures.py"):
-        with open(os.path.join(here, name), "rb") as f:
-            h.update(f.read())
     import torchvision
-    h.update(f"torch {torch.__version__} torchvision {torchvision.__version__} "
-             f"cuda {torch.version.cuda}".encode())
-    return h.hexdigest()
+    return fixture_stamp.digest(
+        ("make_graph_fixtures.py", "make_aoti_fixtures.py"),
+        f"torch {torch.__version__} torchvision {torchvision.__version__} "
+        f"cuda {torch.version.cuda}")
 
 
 def main(argv):
@@ -54,18 +49,11 @@ def main(argv):
         print("make_graph_fixtures: no CUDA device", file=sys.stderr)
         return 1
     outdir = os.path.abspath(argv[0])
-    stamp_file = os.path.join(outdir, ".stamp")
     want = stamp()
-    if os.path.exists(stamp_file):
-        with open(stamp_file, encoding="utf-8") as f:
-            if f.read().strip() == want:
-                print(f"make_graph_fixtures: {outdir} is up to date")
-                return 0
-    os.makedirs(outdir, exist_ok=True)
-    if os.path.exists(stamp_file):
-        os.remove(stamp_file)
-    for name in FIXTURES:
-        shutil.rmtree(os.path.join(outdir, name), ignore_errors=True)
+    if fixture_stamp.up_to_date(outdir, want):
+        print(f"make_graph_fixtures: {outdir} is up to date")
+        return 0
+    fixture_stamp.clear(outdir, FIXTURES)
 
     torch.manual_seed(0)
     model = torchvision.models.resnet18(weights=None).eval()
@@ -82,8 +70,7 @@ def main(argv):
     batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
     make_aoti_fixtures.build(outdir, "resnet18_cuda", model, (sample,), None,
                              {"x": {0: batch}}, "cuda", declare_in_metadata=True)
-    with open(stamp_file, "w", encoding="utf-8") as f:
-        f.write(want + "\n")
+    fixture_stamp.mark(outdir, want)
     return 0
 
 

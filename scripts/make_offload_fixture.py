@@ -14,9 +14,7 @@ Cached: OUTDIR/.stamp holds a hash of this file and torchloom_export.py and the 
 version; when it matches, nothing is rebuilt.
 """
 
-import hashlib
 import os
-import shutil
 import sys
 import time
 
@@ -24,6 +22,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fixture_stamp  # noqa: E402
 from torchloom_export import export_model  # noqa: E402
 
 NAME = "large_aoti"
@@ -48,13 +47,8 @@ class Large(nn.Module):
 
 
 def stamp():
-    h = hashlib.sha256()
-    here = os.path.dirname(os.path.abspath(__file__))
-    for script in ("make_offload_fixture.py", "torchloom_export.py"):
-        with open(os.path.join(here, script), "rb") as f:
-            h.update(f.read())
-    h.update(f"torch {torch.__version__} cuda {torch.version.cuda}".encode())
-    return h.hexdigest()
+    return fixture_stamp.digest(("make_offload_fixture.py", "torchloom_export.py"),
+                                f"torch {torch.__version__} cuda {torch.version.cuda}")
 
 
 def main(argv):
@@ -62,22 +56,16 @@ def main(argv):
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     outdir = os.path.abspath(argv[0])
-    stamp_file = os.path.join(outdir, ".stamp")
     want = stamp()
-    if os.path.exists(stamp_file):
-        with open(stamp_file, encoding="utf-8") as f:
-            if f.read().strip() == want:
-                print(f"make_offload_fixture: {outdir} is up to date")
-                return 0
+    if fixture_stamp.up_to_date(outdir, want):
+        print(f"make_offload_fixture: {outdir} is up to date")
+        return 0
     version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
     if version < (2, 6) or not torch.cuda.is_available():
         print(f"make_offload_fixture: needs torch >= 2.6 with CUDA (torch {torch.__version__}, "
               f"CUDA available: {torch.cuda.is_available()})", file=sys.stderr)
         return 1
-    os.makedirs(outdir, exist_ok=True)
-    if os.path.exists(stamp_file):
-        os.remove(stamp_file)
-    shutil.rmtree(os.path.join(outdir, NAME), ignore_errors=True)
+    fixture_stamp.clear(outdir, (NAME,))
     started = time.time()
     torch.manual_seed(0)
     with torch.device("cuda"):
@@ -85,8 +73,7 @@ def main(argv):
     sample = (torch.randn(16, WIDTH, device="cuda", dtype=torch.bfloat16),)
     export_model(model, sample, os.path.join(outdir, NAME), name=NAME, device="cuda",
                  max_batch=MAX_BATCH, offload=True)
-    with open(stamp_file, "w", encoding="utf-8") as f:
-        f.write(want + "\n")
+    fixture_stamp.mark(outdir, want)
     print(f"make_offload_fixture: {NAME} in {time.time() - started:.0f}s", flush=True)
     return 0
 
