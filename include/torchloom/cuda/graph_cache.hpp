@@ -40,6 +40,7 @@
 #include <optional>
 #include <type_traits>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -159,6 +160,12 @@ class graph_cache {
       std::size_t bytes = 0;
     };
     std::vector<operands> now;
+    // The next replay's outputs, made (and the output nodes pointed at them) right after the
+    // last launch, while the GPU ran it: a replay on the same stream with the same real batch
+    // launches at once and hands these out. Empty when there are none ready.
+    std::vector<at::Tensor> next;
+    cudaStream_t next_stream = nullptr;
+    std::int64_t next_batch = -1;
 
     fused_graph() = default;
     fused_graph(const fused_graph&) = delete;
@@ -403,10 +410,15 @@ class graph_cache {
     const c10::cuda::CUDAStream stream(c10::cuda::CUDAStream::UNCHECKED, rc.stream);
     c10::cuda::CUDAStreamGuard on_run(stream);
     // After the runner's previous replay, on whatever stream it ran: the pool and the static
-    // buffers are this replay's alone.
-    check(cudaStreamWaitEvent(stream.stream(), done_.get(), 0), "cudaStreamWaitEvent");
+    // buffers are this replay's alone. On the stream (and thread: a per-thread default stream
+    // has one handle for all threads) of the previous replay, the stream's order does that.
+    const std::thread::id thread = std::this_thread::get_id();
+    if (stream.stream() != last_stream_ || thread != last_thread_) {
+      check(cudaStreamWaitEvent(stream.stream(), done_.get(), 0), "cudaStreamWaitEvent");
+    }
     Result out;
-    if (!e.fused || !launch_fused(*e.fused, e, inputs, sig, stream.stream(), out)) {
+    const bool fused = e.fused && launch_fused(*e.fused, e, inputs, sig, stream.stream(), out);
+    if (!fused) {
       copy_in(e, inputs, sig, stream.stream());
       launch(e, stream.stream());
       out = copy_out<Result>(e, sig, stream.stream());
@@ -416,7 +428,12 @@ class graph_cache {
       }
     }
     check(cudaEventRecord(done_.get(), stream.stream()), "cudaEventRecord");
+    last_stream_ = stream.stream();
+    last_thread_ = thread;
     ++stats_.replays;
+    // The GPU runs the replay meanwhile: making the next one's outputs now takes them off
+    // its path to the launch.
+    if (fused) prepare_next(*e.fused, e, sig, stream.stream());
     return out;
   }
 
@@ -556,18 +573,14 @@ class graph_cache {
     std::size_t k = 0;
     bool ok = true;
     const std::size_t first_out = f.in_nodes.size();
+    // Outputs made after the last launch, for a replay like this one: the nodes point at them.
+    std::vector<at::Tensor> ready = std::move(f.next);
+    f.next.clear();
+    const bool use_ready = ready.size() == f.out_nodes.size() && f.next_stream == stream &&
+                           f.next_batch == sig.batch;
     const auto make = [&](const at::Tensor& s) {
-      const bool sliced = sig.bucket > 0 && s.dim() > 0 && s.size(0) == sig.bucket;
-      // Straight to the CUDA allocator (on the run's stream, the current one), without the
-      // dispatcher around at::empty; the same tensor as at::empty makes.
-      at::Tensor o;
-      if (sliced) {
-        std::vector<std::int64_t> shape(s.sizes().begin(), s.sizes().end());
-        shape[0] = sig.batch;
-        o = at::Tensor(at::detail::empty_cuda(shape, s.options()));
-      } else {
-        o = at::Tensor(at::detail::empty_cuda(s.sizes(), s.options()));
-      }
+      if (use_ready) return std::move(ready[k++]);
+      at::Tensor o = output_like(s, sig);
       ok = ok && k < f.out_nodes.size() && o.nbytes() > 0 &&
            set(first_out + k, f.out_nodes[k], o.data_ptr(), s.data_ptr(), o.nbytes());
       ++k;
@@ -578,6 +591,51 @@ class graph_cache {
     check(cudaGraphLaunch(f.exec, stream), "cudaGraphLaunch");
     out = std::move(result);
     return true;
+  }
+
+  // A fresh tensor for static output `s` of this replay (its real rows when padded), straight
+  // from the CUDA allocator on the current stream (the run's), without the dispatcher around
+  // at::empty; the same tensor as at::empty makes.
+  static at::Tensor output_like(const at::Tensor& s, const signature& sig) {
+    if (sig.bucket > 0 && s.dim() > 0 && s.size(0) == sig.bucket) {
+      std::vector<std::int64_t> shape(s.sizes().begin(), s.sizes().end());
+      shape[0] = sig.batch;
+      return at::Tensor(at::detail::empty_cuda(shape, s.options()));
+    }
+    return at::Tensor(at::detail::empty_cuda(s.sizes(), s.options()));
+  }
+
+  // Makes the outputs of the next replay on `stream` with this real batch, and points the
+  // output nodes at them (which changes only later launches, not the one running). Made on
+  // `stream`, so they are handed out only by a replay on it. On failure, none are ready and
+  // the next replay makes its own.
+  void prepare_next(fused_graph& f, const entry& e, const signature& sig,
+                    cudaStream_t stream) const {
+    f.next.clear();
+    std::vector<at::Tensor> statics;
+    statics.reserve(e.output_count);
+    flatten(e.static_outputs, statics);
+    if (statics.size() != f.out_nodes.size()) return;
+    std::vector<at::Tensor> next;
+    next.reserve(statics.size());
+    const std::size_t first_out = f.in_nodes.size();
+    for (std::size_t k = 0; k < statics.size(); ++k) {
+      at::Tensor o = output_like(statics[k], sig);
+      void* dst = o.data_ptr();
+      const void* src = statics[k].data_ptr();
+      if (o.nbytes() == 0 ||
+          cudaGraphExecMemcpyNodeSetParams1D(f.exec, f.out_nodes[k], dst, src, o.nbytes(),
+                                             cudaMemcpyDeviceToDevice) != cudaSuccess) {
+        (void)cudaGetLastError();
+        f.now[first_out + k] = {};  // unknown: set again next time
+        return;
+      }
+      f.now[first_out + k] = {dst, src, o.nbytes()};
+      next.push_back(std::move(o));
+    }
+    f.next = std::move(next);
+    f.next_stream = stream;
+    f.next_batch = sig.batch;
   }
 
   // The first replay goes through torch's replay(), which advances the default generator by
@@ -710,6 +768,9 @@ class graph_cache {
   event done_;
   event ready_;
   cudaStream_t capture_stream_ = nullptr;
+  // The stream and thread of the last replay (see replay()).
+  cudaStream_t last_stream_ = nullptr;
+  std::thread::id last_thread_;
   mutable std::mutex mutex_;
   std::list<entry> entries_;  // most recently used first
   std::unordered_map<std::string, std::list<entry>::iterator> index_;

@@ -296,6 +296,43 @@ TEMPLATE_TEST_CASE("CUDA: graphed outputs read on the caller's stream right afte
   CHECK(r.stream().stats().replays >= 290);
 }
 
+TEST_CASE("CUDA: graphed replays on two caller streams in turn wait for each other",
+          "[stream][graphs][cuda]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  model_dir m(make_mlp());
+  ts_runner<torchloom::caller_stream> plain(m.spec(), gpu);
+  ts_runner<graphed<torchloom::caller_stream>> g(m.spec(), gpu);
+  const c10::Stream a = pool_cuda_stream();
+  const c10::Stream b = pool_cuda_stream();  // the pool hands out its streams in turn
+  REQUIRE(a != b);
+  // Contiguous inputs are copied in by the replay's one launch; transposed ones by a copy
+  // before the graph's launch, on the run's stream: a replay on b that did not wait for the
+  // last one on a would overwrite the graph's input buffer before a's replay read it.
+  const bool contiguous = GENERATE(true, false);
+  INFO((contiguous ? "contiguous inputs" : "transposed inputs"));
+  constexpr int runs = 40;
+  std::vector<at::Tensor> inputs;
+  std::vector<at::Tensor> expected;
+  for (int i = 0; i < runs; ++i) {
+    inputs.push_back(contiguous ? input(8, 500 + i) : input(64, 500 + i).narrow(1, 0, 8).t());
+    expected.push_back(plain.run({inputs.back()})[0]);
+  }
+  const auto slow = torch::rand({2048, 2048}, torch::kCUDA);
+  torch::cuda::synchronize();
+  std::vector<at::Tensor> got;
+  for (int i = 0; i < runs; ++i) {
+    c10::StreamGuard on(i % 2 == 0 ? a : b);
+    if (i % 2 == 0) (void)at::matmul(slow, slow);  // a is busy before each of its runs
+    got.push_back(g.run({inputs[static_cast<std::size_t>(i)]})[0]);
+  }
+  torch::cuda::synchronize();
+  for (int i = 0; i < runs; ++i) {
+    INFO("run " << i << " on stream " << (i % 2 == 0 ? "a" : "b"));
+    CHECK(bitwise_equal(got[static_cast<std::size_t>(i)], expected[static_cast<std::size_t>(i)]));
+  }
+  CHECK(g.stream().stats().replays == runs - torchloom::graph_eager_runs_before_capture);
+}
+
 TEST_CASE("CUDA: a model that cannot be captured runs eagerly, with correct outputs",
           "[stream][graphs][cuda]") {
   TORCHLOOM_REQUIRE_CUDA();
