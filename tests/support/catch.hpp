@@ -9,6 +9,7 @@
 #if __has_include(<catch2/catch_test_macros.hpp>)
 #include <catch2/catch_template_test_macros.hpp>
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
 #define TORCHLOOM_CATCH_SKIP(msg) SKIP(msg)
 #else
 #include <catch2/catch.hpp>
