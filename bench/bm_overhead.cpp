@@ -10,7 +10,13 @@
 // The separate raw and runner benchmarks differ by more than T1's 2% between runs of the same
 // binary (slow drift: clocks, caches, other tenants). BM_paired_* decides T1: one loop
 // alternates a raw and a runner call, so both sides see the same drift, and times each call on
-// its own, so the medians and the p99s are per call.
+// its own, so the medians and the p99s are per call. As in bm_aoti, the raw calls of
+// BM_paired_torchscript go to the runner's own loaded module: both sides run the same graph
+// on the same weights, so what differs is the runner's code alone. Two loads of one file differ
+// in where their weights and plans land; two diagnostics (no target) show by how much:
+// BM_paired_torchscript_two_loads_only times the runner against a module loaded apart (as the
+// user's own load would be), and BM_paired_torchscript_raw_vs_raw_only the raw call on that
+// module against the raw call on the runner's, with no runner code on either side.
 #include <torchloom/torchloom.hpp>
 
 #include "bench/support/fixtures.hpp"
@@ -119,13 +125,23 @@ void bm_runner_torchscript(benchmark::State& state, std::int64_t device_arg,
   time_each_iteration(state, call);
 }
 
-// One repetition of the paired T1 measurement: max_iterations raw calls and as many runner
-// calls, interleaved (time_paired), each timed on its own.
-void bm_paired_torchscript(benchmark::State& state, std::int64_t device_arg, std::int64_t batch) {
+// What a paired benchmark puts side by side (see the top of the file).
+enum class pairing {
+  runner,           // T1: the raw call on the runner's own module, and the runner
+  two_loads,        // the raw call on a module loaded apart, and the runner
+  raw_vs_raw,       // the raw call on a module loaded apart, and on the runner's module
+};
+
+// One repetition of a paired measurement: max_iterations calls of each side, interleaved
+// (time_paired), each timed on its own.
+void bm_paired_torchscript(benchmark::State& state, std::int64_t device_arg, std::int64_t batch,
+                           pairing what) {
   const c10::Device device = device_for(device_arg);
   if (device_missing(state, device)) return;
-  torch::jit::Module& m = raw_module(device);
   runner_type& r = runner(device);
+  // A handle to the runner's module (torch::jit::Module is one), not a copy of it.
+  torch::jit::Module own = r.model().module;
+  torch::jit::Module& m = what == pairing::runner ? own : raw_module(device);
   const std::vector<c10::IValue> inputs = make_inputs(device, batch);
   const auto raw_once = [&] {
     c10::IValue out = raw_call(m, inputs);
@@ -133,9 +149,15 @@ void bm_paired_torchscript(benchmark::State& state, std::int64_t device_arg, std
     benchmark::DoNotOptimize(out);
   };
   const auto runner_once = [&] {
-    std::vector<at::Tensor> out = r.run(inputs);
-    sync(device);
-    benchmark::DoNotOptimize(out);
+    if (what == pairing::raw_vs_raw) {
+      c10::IValue out = raw_call(own, inputs);
+      sync(device);
+      benchmark::DoNotOptimize(out);
+    } else {
+      std::vector<at::Tensor> out = r.run(inputs);
+      sync(device);
+      benchmark::DoNotOptimize(out);
+    }
   };
   warm_up(warmup_calls, [&] {
     raw_once();
@@ -164,12 +186,17 @@ void register_benchmarks() {
         with_p99(b->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(min_time_s),
                  can ? repetitions : 1);
       }
-      auto* b = benchmark::RegisterBenchmark(("BM_paired_torchscript" + suffix).c_str(),
-                                             bm_paired_torchscript, device_arg, batch);
-      with_spread(b->Unit(benchmark::kMicrosecond)
-                      ->UseRealTime()
-                      ->Iterations(device_arg == 0 ? paired_calls_cpu : paired_calls_cuda),
-                  can ? paired_repetitions : 1);
+      for (const auto& [name, what] :
+           {std::pair{"BM_paired_torchscript", pairing::runner},
+            std::pair{"BM_paired_torchscript_two_loads_only", pairing::two_loads},
+            std::pair{"BM_paired_torchscript_raw_vs_raw_only", pairing::raw_vs_raw}}) {
+        auto* b = benchmark::RegisterBenchmark((name + suffix).c_str(), bm_paired_torchscript,
+                                               device_arg, batch, what);
+        with_spread(b->Unit(benchmark::kMicrosecond)
+                        ->UseRealTime()
+                        ->Iterations(device_arg == 0 ? paired_calls_cpu : paired_calls_cuda),
+                    can ? paired_repetitions : 1);
+      }
     }
   }
 }
