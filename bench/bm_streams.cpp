@@ -244,6 +244,89 @@ void bm_policy(benchmark::State& state, bool caller_on_side_stream) {
   }
 }
 
+// For reference, not a target: where a fenced run's extra host time goes (T2's CPU delta).
+// Each counter is the mean host time of one operation, in microseconds, over batches of 100
+// with the device synchronised between batches (not timed): the pieces run_fenced adds to a
+// caller_stream run (recording an event, making a stream wait for one, recording a caller's
+// tensor on its own stream, switching the current stream and back), the allocator's cost of
+// an output made on the pool stream when it is recorded on the caller's stream before it is
+// freed (an event recorded at the free, queried by later allocations) against one that is
+// not, and whole runs of the caller_stream and pool_stream runners, outputs freed.
+void bm_fence_host_parts(benchmark::State& state) {
+  if (!torch::cuda::is_available()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  std::string error;
+  auto* caller_runner = runner<torchloom::caller_stream>(error);
+  auto* pool_runner = caller_runner != nullptr ? runner<torchloom::pool_stream>(error) : nullptr;
+  if (pool_runner == nullptr) {
+    state.SkipWithError(error.c_str());
+    return;
+  }
+  try {
+    const c10::Device device(c10::kCUDA, 0);
+    const auto* impl = c10::impl::getDeviceGuardImpl(device.type());
+    const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(0);
+    const c10::cuda::CUDAStream work = c10::cuda::getStreamFromPool(false, 0);
+    const std::vector<c10::IValue> inputs = make_inputs();
+    const at::Tensor mine = torch::empty({batch, 16}, torch::TensorOptions().device(device));
+    const auto options = mine.options();
+    cudaEvent_t ev = nullptr;
+    check_cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+    const auto made_on_work = [&] {
+      const c10::cuda::CUDAStreamGuard on_work(work);
+      return at::empty({batch, 16}, options);
+    };
+    const std::vector<std::pair<const char*, std::function<void()>>> parts = {
+        {"event_record_us",
+         [&] { check_cuda(cudaEventRecord(ev, caller.stream()), "cudaEventRecord"); }},
+        {"stream_wait_us",
+         [&] { check_cuda(cudaStreamWaitEvent(work.stream(), ev, 0), "cudaStreamWaitEvent"); }},
+        {"record_own_stream_us",
+         [&] { impl->recordDataPtrOnStream(mine.storage().data_ptr(), caller.unwrap()); }},
+        {"stream_switch_us", [&] { const c10::StreamGuard on_work(work.unwrap()); }},
+        {"output_plain_us", [&] { benchmark::DoNotOptimize(made_on_work()); }},
+        {"output_crossing_us",
+         [&] {
+           const at::Tensor out = made_on_work();
+           impl->recordDataPtrOnStream(out.storage().data_ptr(), caller.unwrap());
+         }},
+        {"caller_run_us",
+         [&] {
+           std::vector<at::Tensor> out = caller_runner->run(inputs);
+           benchmark::DoNotOptimize(out);
+         }},
+        {"pool_run_us",
+         [&] {
+           std::vector<at::Tensor> out = pool_runner->run(inputs);
+           benchmark::DoNotOptimize(out);
+         }},
+    };
+    constexpr int batch_calls = 100;
+    std::vector<double> total_us(parts.size(), 0.0);
+    std::int64_t batches = 0;
+    for (auto _ : state) {
+      for (std::size_t k = 0; k < parts.size(); ++k) {
+        sync_current_stream();
+        check_cuda(cudaStreamSynchronize(work.stream()), "cudaStreamSynchronize");
+        total_us[k] += time_call_us([&] {
+          for (int i = 0; i < batch_calls; ++i) parts[k].second();
+        });
+      }
+      ++batches;
+    }
+    torch::cuda::synchronize(0);
+    (void)cudaEventDestroy(ev);
+    for (std::size_t k = 0; k < parts.size(); ++k) {
+      state.counters[parts[k].first] = benchmark::Counter(
+          batches > 0 ? total_us[k] / static_cast<double>(batches * batch_calls) : 0.0);
+    }
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
 #ifndef TORCHLOOM_BENCH_HAS_GREEN_CONTEXT
 void bm_green_missing(benchmark::State& state) {
   state.SkipWithError("torchloom/stream/green_context.hpp is not in this build");
@@ -273,6 +356,11 @@ void register_benchmarks() {
 #else
   register_one("BM_green_context_stream", false, bm_green_missing);
 #endif
+  benchmark::RegisterBenchmark("BM_fence_host_parts", bm_fence_host_parts)
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime()
+      ->Iterations(20)
+      ->Repetitions(1);
 }
 
 #else  // !TORCHLOOM_HAS_CUDA
