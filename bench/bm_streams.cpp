@@ -327,6 +327,99 @@ void bm_fence_host_parts(benchmark::State& state) {
   }
 }
 
+// For reference, not a target: the GPU cost of a fenced hop, stream by stream, without
+// torchloom. A caller stream and 16 work streams, created in a row; for each work stream, the
+// device time between events on the caller's stream of three small kernels run on the work
+// stream behind an event wait both ways (as run_fenced does), gated as in time_gpu_call,
+// less the same kernels run on the caller's stream. Counters: base_us, hop_<k>_us (the median
+// extra per work stream) and slow_streams (those over 1 µs). Which streams are slow is fixed
+// for the life of the process and depends on the hardware queue each stream was given
+// (CUDA_DEVICE_MAX_CONNECTIONS), so a policy's GPU delta depends on the stream it got.
+void bm_stream_hops(benchmark::State& state) {
+  if (!torch::cuda::is_available()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  constexpr int work_streams = 16;
+  constexpr int hop_samples = 100;
+  cudaStream_t caller = nullptr;
+  std::vector<cudaStream_t> work(work_streams, nullptr);
+  cudaEvent_t before = nullptr;
+  cudaEvent_t after = nullptr;
+  try {
+    check_cuda(cudaStreamCreateWithFlags(&caller, cudaStreamNonBlocking), "cudaStreamCreate");
+    for (auto& w : work) {
+      check_cuda(cudaStreamCreateWithFlags(&w, cudaStreamNonBlocking), "cudaStreamCreate");
+    }
+    check_cuda(cudaEventCreateWithFlags(&before, cudaEventDisableTiming), "cudaEventCreate");
+    check_cuda(cudaEventCreateWithFlags(&after, cudaEventDisableTiming), "cudaEventCreate");
+    const at::Tensor x = torch::zeros({64}, torch::TensorOptions().device(c10::kCUDA, 0));
+    torch::cuda::synchronize(0);
+    event_timer events;
+    const auto kernels_on = [&](cudaStream_t s) {
+      const c10::cuda::CUDAStreamGuard on(c10::cuda::getStreamFromExternal(s, 0));
+      for (int k = 0; k < 3; ++k) x.add_(1.0);
+    };
+    // One gated sample: the hop through `w`, or the kernels on the caller's stream alone.
+    const auto sample_us = [&](cudaStream_t w) {
+      stream_gate gate;
+      check_cuda(cudaLaunchHostFunc(caller, &stream_gate::hold, &gate), "cudaLaunchHostFunc");
+      struct opener {  // the host function reads `gate`: it returns before `gate` goes
+        stream_gate& g;
+        cudaStream_t s;
+        ~opener() {
+          g.open.store(true, std::memory_order_release);
+          (void)cudaStreamSynchronize(s);
+        }
+      };
+      {
+        const opener open{gate, caller};
+        events.start(caller);
+        if (w == nullptr) {
+          kernels_on(caller);
+        } else {
+          check_cuda(cudaEventRecord(before, caller), "cudaEventRecord");
+          check_cuda(cudaStreamWaitEvent(w, before, 0), "cudaStreamWaitEvent");
+          kernels_on(w);
+          check_cuda(cudaEventRecord(after, w), "cudaEventRecord");
+          check_cuda(cudaStreamWaitEvent(caller, after, 0), "cudaStreamWaitEvent");
+        }
+        events.stop(caller);
+      }
+      if (gate.timed_out.load()) throw std::runtime_error("the gate timed out");
+      return events.elapsed_ms() * 1000.0;
+    };
+    const auto median_us = [&](cudaStream_t w) {
+      std::vector<double> v;
+      for (int i = 0; i < hop_samples + 10; ++i) {
+        const double us = sample_us(w);
+        if (i >= 10) v.push_back(us);
+      }
+      return median(v);
+    };
+    for (auto _ : state) {
+      const double base = median_us(nullptr);
+      state.counters["base_us"] = base;
+      int slow = 0;
+      for (int k = 0; k < work_streams; ++k) {
+        const double extra = median_us(work[static_cast<std::size_t>(k)]) - base;
+        slow += extra > 1.0 ? 1 : 0;
+        state.counters[(k < 10 ? "hop_0" : "hop_") + std::to_string(k) + "_us"] = extra;
+      }
+      state.counters["slow_streams"] = slow;
+    }
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+  (void)cudaDeviceSynchronize();
+  if (before != nullptr) (void)cudaEventDestroy(before);
+  if (after != nullptr) (void)cudaEventDestroy(after);
+  for (cudaStream_t w : work) {
+    if (w != nullptr) (void)cudaStreamDestroy(w);
+  }
+  if (caller != nullptr) (void)cudaStreamDestroy(caller);
+}
+
 #ifndef TORCHLOOM_BENCH_HAS_GREEN_CONTEXT
 void bm_green_missing(benchmark::State& state) {
   state.SkipWithError("torchloom/stream/green_context.hpp is not in this build");
@@ -356,6 +449,11 @@ void register_benchmarks() {
 #else
   register_one("BM_green_context_stream", false, bm_green_missing);
 #endif
+  benchmark::RegisterBenchmark("BM_stream_hops", bm_stream_hops)
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime()
+      ->Iterations(1)
+      ->Repetitions(1);
   benchmark::RegisterBenchmark("BM_fence_host_parts", bm_fence_host_parts)
       ->Unit(benchmark::kMicrosecond)
       ->UseRealTime()
