@@ -607,11 +607,21 @@ class graph_cache {
 
   // Makes the outputs of the next replay on `stream` with this real batch, and points the
   // output nodes at them (which changes only later launches, not the one running). Made on
-  // `stream`, so they are handed out only by a replay on it. On failure, none are ready and
-  // the next replay makes its own.
+  // `stream`, so they are handed out only by a replay on it. On failure (out of memory
+  // included: this replay has run, and is not failed for the next one's sake), none are ready
+  // and the next replay makes its own, before its launch.
   void prepare_next(fused_graph& f, const entry& e, const signature& sig,
-                    cudaStream_t stream) const {
+                    cudaStream_t stream) const noexcept {
     f.next.clear();
+    try {
+      make_next(f, e, sig, stream);
+    } catch (...) {
+      f.next.clear();
+    }
+  }
+
+  void make_next(fused_graph& f, const entry& e, const signature& sig,
+                 cudaStream_t stream) const {
     std::vector<at::Tensor> statics;
     statics.reserve(e.output_count);
     flatten(e.static_outputs, statics);
