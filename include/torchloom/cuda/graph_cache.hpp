@@ -187,7 +187,7 @@ class graph_cache {
     bool replayed = false;
     std::vector<at::Tensor> static_inputs;
     c10::IValue static_outputs;
-    std::size_t output_count = 0;  // tensors in static_outputs
+    std::vector<at::Tensor> flat_outputs;  // the tensors of static_outputs, in flatten()'s order
     // The copies folded into one launch with the graph (see fuse()); null until the first
     // direct replay, and for good when the graph cannot be wrapped so.
     std::unique_ptr<fused_graph> fused;
@@ -388,9 +388,7 @@ class graph_cache {
       return;
     }
     e.graph = std::move(graph);
-    std::vector<at::Tensor> statics;
-    flatten(outputs, statics);
-    e.output_count = statics.size();
+    flatten(outputs, e.flat_outputs);
     e.static_outputs = std::move(outputs);
   }
 
@@ -477,9 +475,8 @@ class graph_cache {
     if (!std::is_constructible_v<at::cuda::CUDAGraph, bool> || capture_on_run_stream_) {
       return nullptr;
     }
-    std::vector<at::Tensor> statics;
+    const std::vector<at::Tensor>& statics = e.flat_outputs;
     std::vector<at::Tensor> fresh_outputs;
-    flatten(e.static_outputs, statics);
     flatten(out, fresh_outputs);
     if (statics.size() != fresh_outputs.size()) return nullptr;
     std::vector<std::size_t> in_bytes;
@@ -622,9 +619,7 @@ class graph_cache {
 
   void make_next(fused_graph& f, const entry& e, const signature& sig,
                  cudaStream_t stream) const {
-    std::vector<at::Tensor> statics;
-    statics.reserve(e.output_count);
-    flatten(e.static_outputs, statics);
+    const std::vector<at::Tensor>& statics = e.flat_outputs;
     if (statics.size() != f.out_nodes.size()) return;
     std::vector<at::Tensor> next;
     next.reserve(statics.size());
@@ -727,8 +722,8 @@ class graph_cache {
   static Result map_outputs(const entry& e, Fn& fn) {
     if constexpr (std::is_same_v<Result, std::vector<at::Tensor>>) {
       std::vector<at::Tensor> out;
-      out.reserve(e.output_count);
-      map_flat(e.static_outputs, fn, out);
+      out.reserve(e.flat_outputs.size());
+      for (const at::Tensor& t : e.flat_outputs) out.push_back(fn(t));
       return out;
     } else {
       return map_structure(e.static_outputs, fn);
@@ -747,17 +742,6 @@ class graph_cache {
     c10::List<at::Tensor> list;
     for (const at::Tensor& t : v.toTensorList().vec()) list.push_back(fn(t));
     return list;
-  }
-
-  template <class Fn>
-  static void map_flat(const c10::IValue& v, Fn& fn, std::vector<at::Tensor>& out) {
-    if (v.isTensor()) {
-      out.push_back(fn(v.toTensor()));
-    } else if (v.isTuple()) {
-      for (const auto& x : v.toTupleRef().elements()) map_flat(x, fn, out);
-    } else {
-      for (const at::Tensor& t : v.toTensorList().vec()) out.push_back(fn(t));
-    }
   }
 
   void check(cudaError_t rc, const char* what) const {
