@@ -360,7 +360,7 @@ void bm_graphs_host_parts(benchmark::State& state) {
             cudaGraphInstantiateWithFlags(&copy_exec, copy_graph, 0) == cudaSuccess;
   const auto options = static_out.options();
   const std::vector<std::int64_t> shape(static_out.sizes().begin(), static_out.sizes().end());
-  const std::vector<std::pair<const char*, std::function<void()>>> parts = {
+  const std::vector<host_part> parts = {
       {"empty_us", [&] { benchmark::DoNotOptimize(at::empty(shape, options)); }},
       {"memcpy_us",
        [&] {
@@ -382,24 +382,9 @@ void bm_graphs_host_parts(benchmark::State& state) {
       {"runner_run_us", [&] { benchmark::DoNotOptimize(s.runner()); }},
       {"raw_call_us", [&] { benchmark::DoNotOptimize(s.raw()); }},
   };
-  constexpr int batch_calls = 100;
-  std::vector<double> total_us(parts.size(), 0.0);
-  std::int64_t batches = 0;
-  for (auto _ : state) {
-    for (std::size_t p = 0; p < parts.size(); ++p) {
-      sync();
-      total_us[p] += time_call_us([&] {
-        for (int i = 0; i < batch_calls; ++i) parts[p].second();
-      });
-    }
-    ++batches;
-  }
+  time_host_parts(state, parts, [] { sync(); });
   sync();
   if (!ok) state.SkipWithError("a CUDA call failed");
-  for (std::size_t p = 0; p < parts.size(); ++p) {
-    state.counters[parts[p].first] = benchmark::Counter(
-        batches > 0 ? total_us[p] / static_cast<double>(batches * batch_calls) : 0.0);
-  }
   if (copy_exec != nullptr) (void)cudaGraphExecDestroy(copy_exec);
   if (copy_graph != nullptr) (void)cudaGraphDestroy(copy_graph);
   if (event != nullptr) (void)cudaEventDestroy(event);

@@ -278,7 +278,7 @@ void bm_fence_host_parts(benchmark::State& state) {
       const c10::cuda::CUDAStreamGuard on_work(work);
       return at::empty({batch, 16}, options);
     };
-    const std::vector<std::pair<const char*, std::function<void()>>> parts = {
+    const std::vector<host_part> parts = {
         {"event_record_us",
          [&] { check_cuda(cudaEventRecord(ev, caller.stream()), "cudaEventRecord"); }},
         {"stream_wait_us",
@@ -303,25 +303,12 @@ void bm_fence_host_parts(benchmark::State& state) {
            benchmark::DoNotOptimize(out);
          }},
     };
-    constexpr int batch_calls = 100;
-    std::vector<double> total_us(parts.size(), 0.0);
-    std::int64_t batches = 0;
-    for (auto _ : state) {
-      for (std::size_t k = 0; k < parts.size(); ++k) {
-        sync_current_stream();
-        check_cuda(cudaStreamSynchronize(work.stream()), "cudaStreamSynchronize");
-        total_us[k] += time_call_us([&] {
-          for (int i = 0; i < batch_calls; ++i) parts[k].second();
-        });
-      }
-      ++batches;
-    }
+    time_host_parts(state, parts, [&] {
+      sync_current_stream();
+      check_cuda(cudaStreamSynchronize(work.stream()), "cudaStreamSynchronize");
+    });
     torch::cuda::synchronize(0);
     (void)cudaEventDestroy(ev);
-    for (std::size_t k = 0; k < parts.size(); ++k) {
-      state.counters[parts[k].first] = benchmark::Counter(
-          batches > 0 ? total_us[k] / static_cast<double>(batches * batch_calls) : 0.0);
-    }
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
   }

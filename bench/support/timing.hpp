@@ -8,6 +8,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <utility>
 #include <vector>
 
 namespace torchloom_bench {
@@ -84,6 +87,33 @@ inline paired_medians set_paired_counters(benchmark::State& state, paired_sample
   state.counters["runner_p99_us"] = counter(nearest_rank(s.runner_us, 0.99), counter::kDefaults);
   state.counters["calls"] = counter(static_cast<double>(s.raw_us.size()), counter::kDefaults);
   return m;
+}
+
+//! One host-time part: the counter it sets, and one call of it.
+using host_part = std::pair<const char*, std::function<void()>>;
+
+//! Sets, for each part, its counter to the mean host time of one call in microseconds, over
+//! batches of `batch_calls` calls, one batch per part in each iteration, with `settle()` (not
+//! timed: a device synchronisation, say) before each batch. Plain values, per call already.
+template <class Settle>
+void time_host_parts(benchmark::State& state, const std::vector<host_part>& parts,
+                     Settle&& settle, int batch_calls = 100) {
+  std::vector<double> total_us(parts.size(), 0.0);
+  std::int64_t batches = 0;
+  for (auto _ : state) {
+    for (std::size_t p = 0; p < parts.size(); ++p) {
+      settle();
+      total_us[p] += time_call_us([&] {
+        for (int i = 0; i < batch_calls; ++i) parts[p].second();
+      });
+    }
+    ++batches;
+  }
+  const double calls = static_cast<double>(batches) * batch_calls;
+  for (std::size_t p = 0; p < parts.size(); ++p) {
+    state.counters[parts[p].first] =
+        benchmark::Counter(calls > 0 ? total_us[p] / calls : 0.0, benchmark::Counter::kDefaults);
+  }
 }
 
 }  // namespace torchloom_bench
