@@ -370,12 +370,29 @@ def merge_verdicts(separate, paired):
     return [v for v in separate if v[0] not in covered] + paired
 
 
+def counter_note(counters):
+    """A diagnostic's counters as one line: "name µs" for each `<name>_us`, "name value" for
+    the rest, in the benchmark's order."""
+    parts = []
+    for k, v in counters.items():
+        if k.endswith("_us"):
+            parts.append(f"{k[:-3]} {fmt_us(v)} µs")
+        else:
+            parts.append(f"{k} {v:g}")
+    return "; ".join(parts)
+
+
 def other_rows(other):
+    """The results no table above took. A diagnostic that reports its findings as counters
+    (host time of a call's parts, each stream's hop) shows them, not its own loop's time."""
     rows = []
     for r in other:
         params = ", ".join(f"{k}:{v}" if not k.startswith("arg") else v for k, v in r.params)
+        counters = counter_set(r)
         if r.error:
             rows.append([r.base, params or "-", "-", "-", f"skipped: {r.error}"])
+        elif counters:
+            rows.append([r.base, params or "-", "-", "-", counter_note(counters)])
         else:
             rows.append([r.base, params or "-", fmt_us(r.value()), fmt_us(r.p99), ""])
     return rows
@@ -1018,7 +1035,8 @@ def main(argv):
         verdicts = verdicts + offload_verdicts
     orows = other_rows(other)
     if orows:
-        tables.append(markdown(["benchmark", "params", "median µs", "p99 µs", "note"], orows))
+        tables.append("### Other results and diagnostics (no target)\n"
+                      + markdown(["benchmark", "params", "median µs", "p99 µs", "note"], orows))
 
     ctx = contexts[0][1] if contexts else {}
     machine = (f"{ctx.get('host_name', '?')}, {ctx.get('num_cpus', '?')} CPUs, "
