@@ -16,6 +16,12 @@
 # scripts/make_offload_fixture.py into $BUILD/offload_fixtures.
 # Exit status: 1 when configure, build, the AOTI fixtures, a test or a benchmark failed. A test
 # failure does not stop the benchmarks, so one call gives all there is to know.
+#
+#   GPU_SH_SANITIZE=1 bash scripts/gpu.sh    builds, then runs the CUDA tests under
+#                                             compute-sanitizer (memcheck and synccheck)
+#                                             instead of ctest and the benchmarks; exit
+#                                             status 1 when a tool reports an error or a
+#                                             test fails under it.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -176,6 +182,54 @@ await_job "$offload_fixture_pid" "$SCRATCH/offload-fixture.txt" "offload fixture
   "bm_offload's large_aoti rows will not run" || true
 await_job "$graph_fixtures_pid" "$SCRATCH/graph-fixtures.txt" "graph fixtures" \
   "bm_graphs' ResNet-18 rows will skip" || true
+
+# ---------------------------------------------------------------------------------------
+# sanitize FILTER [VAR=VALUE...] -- [compute-sanitizer options...]: the tests FILTER picks,
+# under compute-sanitizer with those options and the environment VARs; says the tool's error
+# summary and the tests' own.
+sanitize_failed=0
+sanitize() {
+  local filter=$1
+  shift
+  local vars=()
+  while (($# > 0)) && [[ $1 != -- ]]; do
+    vars+=("$1")
+    shift
+  done
+  shift
+  local t
+  t=$(min 240 $(($(left) - 15)))
+  if ((t < 30)); then
+    say "$* $filter: no time left"
+    sanitize_failed=1
+    return
+  fi
+  local file="$SCRATCH/sanitize.txt" rc=0
+  run_logged "$file" timeout "$t" env "${vars[@]}" "$SANITIZER" "$@" --error-exitcode 3 \
+    "$BUILD/tests/torchloom_tests" "$filter" || rc=$?
+  local summary
+  summary=$(grep -E 'ERROR SUMMARY|All tests passed|test cases' "$file" | tail -n 2 | tr '\n' ' ')
+  say "${vars[*]} $* '$filter': status $rc; ${summary:-no summary (see gpu-log.txt)}"
+  if ((rc != 0)); then sanitize_failed=1; fi
+}
+
+if [[ ${GPU_SH_SANITIZE:-0} == 1 ]]; then
+  step "compute-sanitizer"
+  SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  if [[ ! -x $SANITIZER ]]; then finish 1 "compute-sanitizer not found"; fi
+  # The stream and residency tests with torch's caching allocator off, so that freed memory is
+  # really freed; the graph tests with it on (a graph keeps its memory in its private pool;
+  # without the allocator graphed<S> runs eagerly). The test whose capture fails by design
+  # runs apart, without reports of the API errors that failure is.
+  sanitize "[stream][cuda]~[graphs],[streamed][cuda],[mapped][cuda]" \
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- --tool memcheck
+  sanitize "[stream][cuda]~[graphs]" -- --tool synccheck
+  sanitize "[graphs][cuda]~[capture-fails]" -- --tool memcheck
+  sanitize "[capture-fails]" -- --tool memcheck --report-api-errors no
+  sanitize "[graphs][cuda]" -- --tool synccheck
+  if ((sanitize_failed != 0)); then finish 1 "compute-sanitizer reported errors or failures"; fi
+  finish 0 "compute-sanitizer clean"
+fi
 
 # ---------------------------------------------------------------------------------------
 step "test (ctest -j12)"

@@ -333,8 +333,10 @@ TEST_CASE("CUDA: graphed replays on two caller streams in turn wait for each oth
   CHECK(g.stream().stats().replays == runs - torchloom::graph_eager_runs_before_capture);
 }
 
+// [capture-fails]: its failed capture is two CUDA API errors by design (scripts/gpu.sh runs it
+// under memcheck apart, without API error reports).
 TEST_CASE("CUDA: a model that cannot be captured runs eagerly, with correct outputs",
-          "[stream][graphs][cuda]") {
+          "[stream][graphs][cuda][capture-fails]") {
   TORCHLOOM_REQUIRE_CUDA();
   model_dir m(make_host_sync());
   ts_runner<torchloom::caller_stream> plain(m.spec(), gpu);
