@@ -19,12 +19,16 @@
 
 #include <dlfcn.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <future>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -116,6 +120,136 @@ struct repository {
     }
   }
 
+  // A model defined in TorchScript source, with its config.
+  void add_script(const std::string& name, const std::string& source, const std::string& config,
+                  const std::map<std::string, at::Tensor>& buffers = {}) {
+    torch::jit::Module m(name);
+    for (const auto& [k, v] : buffers) m.register_buffer(k, v);
+    m.define(source);
+    torchloom_test::write_triton_model(dir / name, m,
+                                       "name: \"" + name + "\"\nbackend: \"torchloom\"\n" + config);
+  }
+
+  // The models of the defects found by reading the backend against Triton's own.
+  void add_defect_models() {
+    const std::string vec4 = R"(
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+)";
+    // An output torch cannot copy to the CPU (a meta tensor holds no data).
+    add_script("meta_out", "def forward(self, x):\n    return x.to(\"meta\")\n",
+               "max_batch_size: 8\n" + vec4);
+    // Two requests, batched together: one whose input the collector cannot gather.
+    add_mlp("pair", "dynamic_batching { preferred_batch_size: [ 2 ] "
+                    "max_queue_delay_microseconds: 5000000 }\n"
+                    "instance_group [ { kind: KIND_CPU count: 1 } ]\n");
+    // Outputs named both ways, the index suffix of one contradicting its position.
+    const std::string two_out = "def forward(self, x):\n    return x + 1.0, x + 2.0\n";
+    add_script("mixed_out", two_out, R"(max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "logits" data_type: TYPE_FP32 dims: [ 4 ] },
+         { name: "probs__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+)");
+    add_script("duplicate_out", two_out, R"(max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "a__0" data_type: TYPE_FP32 dims: [ 4 ] },
+         { name: "b__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+)");
+    add_script("reversed_out", two_out, R"(max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT__1" data_type: TYPE_FP32 dims: [ 4 ] },
+         { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+)");
+    // forward(x, y) with inputs "y" (the second argument by its name) first in the config.
+    add_script("clash_in", "def forward(self, x, y):\n    return x - y\n", R"(max_batch_size: 8
+input [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] },
+        { name: "other" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "z" data_type: TYPE_FP32 dims: [ 4 ] } ]
+)");
+    // The client sends [2, 32]; the model takes the reshaped [64].
+    add_mlp_config("reshaped", R"(max_batch_size: 64
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 2, 32 ] reshape: { shape: [ 64 ] } } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 16 ] } ]
+)");
+    // Ragged batching: the requests' elements in one flat tensor, with the accumulated element
+    // counts as a batch input; the output scattered back in each request's shape.
+    add_script("ragged", R"(
+def forward(self, x, idx):
+    assert int(idx[-1].item()) == x.size(0), "the element count does not match the input"
+    return x * 2.0
+)",
+               R"(max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]
+batch_input [ { kind: BATCH_ACCUMULATED_ELEMENT_COUNT target_name: "idx"
+                data_type: TYPE_FP32 source_input: "x" } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+batch_output [ { target_name: "y" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "x" } ]
+dynamic_batching { preferred_batch_size: [ 3 ] max_queue_delay_microseconds: 5000000 }
+)");
+    // Sequence batching: a control input the core adds to every request.
+    add_script("sequence_control",
+               "def forward(self, x, start):\n    return x + start.float() * 100.0\n",
+               R"(max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+sequence_batching {
+  max_sequence_idle_microseconds: 5000000
+  control_input [ { name: "start"
+                    control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ]
+}
+)");
+    // Implicit state: a running sum kept by the core between the requests of a sequence.
+    add_script("sequence_state",
+               "def forward(self, x, state):\n    s = state + x\n    return s, s\n",
+               R"(max_batch_size: 8
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+sequence_batching {
+  max_sequence_idle_microseconds: 5000000
+  state [ { input_name: "STATE__1" output_name: "STATE_OUT__1" data_type: TYPE_FP32 dims: [ 4 ]
+            initial_state: { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true name: "zero" } } ]
+}
+)");
+    // forward takes one Dict[str, Tensor]: the config's inputs are its keys.
+    add_script("dict_in", R"(
+def forward(self, inputs: Dict[str, Tensor]):
+    return inputs["a"] + 2.0 * inputs["b"]
+)",
+               R"(max_batch_size: 8
+input [ { name: "a" data_type: TYPE_FP32 dims: [ 4 ] },
+        { name: "b" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+)");
+    // Counts its own runs: model_warmup must run once per instance.
+    add_script("warm_count", R"(
+def forward(self, x):
+    self.calls.add_(1.0)
+    return x + 0.0, self.calls.expand(x.size(0), 1).clone()
+)",
+               R"(max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] },
+         { name: "calls" data_type: TYPE_FP32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+model_warmup [ { name: "zeros" batch_size: 1
+                 inputs { key: "x" value { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]
+parameters { key: "INFERENCE_MODE" value { string_value: "false" } }
+)",
+               {{"calls", torch::zeros({1})}});
+    // Large input and output: gathering and returning them takes measurable work.
+    add_script("big_io", "def forward(self, x):\n    return x * 2.0\n", R"(max_batch_size: 1
+input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+)");
+  }
+
+  void add_mlp_config(const std::string& name, const std::string& io) {
+    const fs::path d = dir / name;
+    fs::create_directories(d / "1");
+    fs::copy_file(fs::path(TORCHLOOM_BUNDLED_MODEL_DIR) / "1" / "model.pt", d / "1" / "model.pt");
+    write_file(d / "config.pbtxt", "name: \"" + name + "\"\nbackend: \"torchloom\"\n" + io);
+  }
+
   repository() {
     torch::manual_seed(7);
     table0 = torch::randn({10, 4});
@@ -144,6 +278,7 @@ struct repository {
     // must fail torchloom's.
     torch::jit::Module add("add");
     add.define("def forward(self, x, y):\n    return x + y\n");
+    add_defect_models();
     torchloom_test::write_triton_model(dir / "optional_in", add,
                                        R"(name: "optional_in"
 backend: "torchloom"
@@ -395,6 +530,217 @@ TEST_CASE("a model that fails to load is unavailable with torchloom's message", 
       CHECK(contains(reason, p));
     }
   }
+}
+
+// --- Defects found by reading the backend against Triton's PyTorch backend -----------------
+
+tt::tensor_in vec_input(const std::string& name, const at::Tensor& t) {
+  return float_input(name, t);
+}
+
+std::string error_text(const tt::infer_result& r) { return r.error ? r.error->message : ""; }
+
+TEST_CASE("an exception from torch after the run fails the request, never the server",
+          "[triton][defect]") {
+  require_loaded("meta_out");
+  const at::Tensor x = torch::ones({1, 4});
+  const auto r = triton().infer("meta_out", {vec_input("x", x)});
+  REQUIRE(r.error.has_value());
+  INFO(r.error->message);
+  CHECK(contains(r.error->message, "model 'meta_out'"));
+  CHECK(contains(r.error->message, "meta"));
+  CHECK(triton().ready("meta_out"));
+  // The instance survives: the next request gets the same clean error.
+  CHECK(triton().infer("meta_out", {vec_input("x", x)}).error.has_value());
+}
+
+#if !TORCHLOOM_TRITON_GPU_CORE
+// A CPU-only core hands the backend a buffer that claims to be in GPU memory; the input
+// collector cannot copy it and fails that request alone. (On a GPU core the claim would be a
+// real device copy; this case is for the CPU core.)
+TEST_CASE("a request the input collector fails leaves the batch; the others are answered",
+          "[triton][defect]") {
+  require_loaded("pair");
+  const at::Tensor good = torch::randn({1, 64});
+  const at::Tensor bad = torch::randn({1, 64});
+  const auto before_ok = triton().duration("pair", "success", "count");
+  const auto before_fail = triton().duration("pair", "fail", "count");
+  const auto before_exec = triton().counter("pair", "execution_count");
+  auto a = std::async(std::launch::async, [&] {
+    return triton().infer("pair", {float_input("x", good)});
+  });
+  auto b = std::async(std::launch::async, [&] {
+    tt::tensor_in in = float_input("x", bad);
+    in.memory_type = TRITONSERVER_MEMORY_GPU;
+    return triton().infer("pair", {in});
+  });
+  const auto ra = a.get();
+  const auto rb = b.get();
+  INFO("good: " << error_text(ra) << " / bad: " << error_text(rb));
+  REQUIRE(rb.error.has_value());
+  REQUIRE_FALSE(ra.error.has_value());
+  REQUIRE(ra.outputs.size() == 1);
+  CHECK(torch::equal(output_tensor(ra), direct_mlp().run({good}).at(0)));
+  CHECK(triton().duration("pair", "success", "count") == before_ok + 1);
+  CHECK(triton().duration("pair", "fail", "count") == before_fail + 1);
+  INFO(triton().statistics("pair"));
+  CHECK(triton().counter("pair", "execution_count") == before_exec + 1);
+}
+#endif
+
+TEST_CASE("outputs named both ways must agree; a clash fails the load naming both",
+          "[triton][defect]") {
+  struct expectation {
+    std::string model;
+    std::vector<std::string> parts;
+  };
+  const std::vector<expectation> cases = {
+      {"mixed_out", {"model 'mixed_out'", "probs__0", "logits"}},
+      {"duplicate_out", {"model 'duplicate_out'", "a__0", "b__0"}},
+      {"clash_in", {"model 'clash_in'", "'y'", "other"}},
+  };
+  for (const auto& c : cases) {
+    INFO(c.model);
+    const auto err = triton().load(c.model);
+    REQUIRE(err.has_value());
+    const std::string reason = triton().reason(c.model);
+    INFO(reason);
+    for (const auto& p : c.parts) {
+      INFO("expected in Triton's model status: " << p);
+      CHECK(contains(reason, p));
+    }
+  }
+  // All by index, listed in another order: each gets its own output.
+  require_loaded("reversed_out");
+  const at::Tensor x = torch::randn({1, 4});
+  const auto r = triton().infer("reversed_out", {vec_input("x", x)});
+  REQUIRE_FALSE(r.error.has_value());
+  REQUIRE(r.outputs.size() == 2);
+  for (const auto& o : r.outputs) {
+    const at::Tensor got = torch::from_blob(const_cast<char*>(o.data.data()), o.shape,
+                                            torch::kFloat).clone();
+    CHECK(torch::equal(got, x + (o.name == "OUTPUT__0" ? 1.0 : 2.0)));
+  }
+}
+
+TEST_CASE("an input with reshape gets the reshaped shape", "[triton][defect]") {
+  require_loaded("reshaped");
+  const at::Tensor x = torch::randn({3, 2, 32});
+  const auto r = triton().infer("reshaped", {float_input("x", x)});
+  INFO(error_text(r));
+  REQUIRE_FALSE(r.error.has_value());
+  CHECK(r.outputs[0].shape == std::vector<std::int64_t>{3, 16});
+  CHECK(torch::allclose(output_tensor(r), direct_mlp().run({x.reshape({3, 64})}).at(0)));
+}
+
+TEST_CASE("ragged batching with a batch input and a scattered batch output",
+          "[triton][defect]") {
+  require_loaded("ragged");
+  const std::vector<std::int64_t> lengths = {3, 5, 2};
+  std::vector<at::Tensor> xs;
+  for (auto n : lengths) xs.push_back(torch::randn({1, n}));
+  const auto before = triton().counter("ragged", "execution_count");
+  std::vector<std::future<tt::infer_result>> futures;
+  for (const auto& x : xs) {
+    futures.push_back(std::async(std::launch::async, [&triton_ = triton(), x] {
+      return triton_.infer("ragged", {float_input("x", x)});
+    }));
+  }
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const auto r = futures[i].get();
+    INFO("request " << i << ": " << error_text(r));
+    REQUIRE_FALSE(r.error.has_value());
+    CHECK(r.outputs[0].shape == xs[i].sizes().vec());
+    CHECK(torch::equal(output_tensor(r), xs[i] * 2.0));
+  }
+  INFO(triton().statistics("ragged"));
+  CHECK(triton().counter("ragged", "execution_count") == before + 1);  // one batch of three
+}
+
+TEST_CASE("sequence batching: control inputs and implicit state", "[triton][defect]") {
+  require_loaded("sequence_control");
+  const at::Tensor x = torch::randn({1, 4});
+  const auto run = [&](std::uint32_t flags) {
+    tt::request_options o;
+    o.correlation_id = 7;
+    o.flags = flags;
+    const auto r = triton().infer("sequence_control", {vec_input("x", x)}, o);
+    INFO(error_text(r));
+    REQUIRE_FALSE(r.error.has_value());
+    return output_tensor(r);
+  };
+  CHECK(torch::equal(run(TRITONSERVER_REQUEST_FLAG_SEQUENCE_START), x + 100.0));
+  CHECK(torch::equal(run(0), x));
+  CHECK(torch::equal(run(TRITONSERVER_REQUEST_FLAG_SEQUENCE_END), x));
+
+  require_loaded("sequence_state");
+  at::Tensor sum = torch::zeros({1, 4});
+  for (int step = 0; step < 3; ++step) {
+    const at::Tensor v = torch::randn({1, 4});
+    sum = sum + v;
+    tt::request_options o;
+    o.correlation_id = 11;
+    if (step == 0) o.flags = TRITONSERVER_REQUEST_FLAG_SEQUENCE_START;
+    if (step == 2) o.flags = TRITONSERVER_REQUEST_FLAG_SEQUENCE_END;
+    const auto r = triton().infer("sequence_state", {vec_input("INPUT__0", v)}, o);
+    INFO("step " << step << ": " << error_text(r));
+    REQUIRE_FALSE(r.error.has_value());
+    REQUIRE(r.outputs.size() == 1);
+    CHECK(r.outputs[0].name == "OUTPUT__0");
+    CHECK(torch::allclose(output_tensor(r), sum));
+  }
+}
+
+TEST_CASE("a model whose forward takes Dict[str, Tensor] gets the inputs by name",
+          "[triton][defect]") {
+  require_loaded("dict_in");
+  const at::Tensor a = torch::randn({2, 4});
+  const at::Tensor b = torch::randn({2, 4});
+  const auto r = triton().infer("dict_in", {vec_input("b", b), vec_input("a", a)});
+  INFO(error_text(r));
+  REQUIRE_FALSE(r.error.has_value());
+  CHECK(torch::allclose(output_tensor(r), a + 2.0 * b));
+}
+
+TEST_CASE("model_warmup runs once per instance", "[triton][defect]") {
+  triton().unload("warm_count");
+  require_loaded("warm_count");
+  const auto r = triton().infer("warm_count", {vec_input("x", torch::zeros({1, 4}))});
+  INFO(error_text(r));
+  REQUIRE_FALSE(r.error.has_value());
+  REQUIRE(r.outputs.size() == 2);
+  // One warm-up sample (Triton's), then this request.
+  CHECK(output_tensor(r, 1).item<float>() == 2.0f);
+}
+
+TEST_CASE("statistics: a failed run is no execution; input and output time are counted",
+          "[triton][defect]") {
+  require_loaded("embed");
+  const auto executions = triton().counter("embed", "execution_count");
+  const at::Tensor bad_keys = torch::tensor({{0, 1, 2, 3, 4, 42}}, torch::kLong);
+  const auto r = triton().infer(
+      "embed", {{"keys", TRITONSERVER_TYPE_INT64, {1, 6}, bad_keys.data_ptr(), bad_keys.nbytes()}});
+  REQUIRE(r.error.has_value());
+  CHECK(triton().counter("embed", "execution_count") == executions);
+
+  // 64 MiB in, 64 MiB out: gathering the input (sent in two buffers, so the collector copies
+  // it) and copying the output are work, which Triton must see as input and output time.
+  // The bound is physical, not a timing target: 64 MiB cannot be copied in under 0.5 ms
+  // (128 GB/s), while time taken on the wrong side of the copy is a few microseconds.
+  require_loaded("big_io");
+  const std::int64_t n = 16 << 20;
+  const at::Tensor x = torch::rand({1, n});
+  const auto in0 = triton().duration("big_io", "compute_input", "ns");
+  const auto out0 = triton().duration("big_io", "compute_output", "ns");
+  tt::tensor_in in = float_input("x", x);
+  in.pieces = 2;
+  const auto big = triton().infer("big_io", {in});
+  INFO(error_text(big));
+  REQUIRE_FALSE(big.error.has_value());
+  CHECK(torch::equal(output_tensor(big), x * 2.0));
+  INFO(triton().statistics("big_io"));
+  CHECK(triton().duration("big_io", "compute_input", "ns") - in0 >= 500000);
+  CHECK(triton().duration("big_io", "compute_output", "ns") - out0 >= 500000);
 }
 
 TEST_CASE("50 unload/reload cycles of the served models", "[reload]") {
