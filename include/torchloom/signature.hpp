@@ -36,9 +36,18 @@ namespace detail {
 //! A runner's construction step: the loader's signature `sig` with what `cfg` (the model's
 //! config.pbtxt) declares added (dtype, dims, and the batch dimension when max_batch_size >
 //! 0), matching inputs by name, then by Triton's `NAME__<index>` convention, then by
-//! position. Throws invalid_option naming a declared input the model does not have.
+//! position; for a forward that takes one Dict[str, Tensor] (and no config input named like
+//! its argument), the declared inputs are the dict's keys and `sig` stays as it is. Throws
+//! invalid_option naming a declared input the model does not have.
 inline input_signature merge_config_inputs(input_signature sig, const triton_config& cfg,
                                            const std::string& model) {
+  // A forward that takes one Dict[str, Tensor]: the config's inputs are its keys (Triton's
+  // convention, which run_named follows), not arguments.
+  if (sig.size() == 1 && sig[0].type && sig[0].type->kind() == c10::TypeKind::DictType) {
+    bool named = false;
+    for (const auto& decl : cfg.inputs) named = named || decl.name == sig[0].name;
+    if (!named) return sig;
+  }
   for (std::size_t i = 0; i < cfg.inputs.size(); ++i) {
     const auto& decl = cfg.inputs[i];
     input_spec* target = nullptr;

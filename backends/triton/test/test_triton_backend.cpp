@@ -15,7 +15,9 @@
 
 #include <torchloom/torchloom.hpp>
 
+#include "backend_errors.hpp"
 #include "in_process_triton.hpp"
+#include "io_names.hpp"
 
 #include <dlfcn.h>
 #include <spawn.h>
@@ -300,7 +302,7 @@ repository& repo() {
 // hook's fini, which needs the op library's registry (a static of that library) intact.
 std::unique_ptr<tt::server> the_server;
 
-tt::server& triton() {
+tt::server& core() {
   if (!the_server) {
     the_server = std::make_unique<tt::server>(
         tt::server_options{{repo().dir.path().string()},
@@ -314,11 +316,11 @@ tt::server& triton() {
 
 // Loads `model` once; later calls find it loaded.
 void require_loaded(const std::string& model) {
-  if (triton().ready(model)) return;
-  const auto err = triton().load(model);
+  if (core().ready(model)) return;
+  const auto err = core().load(model);
   INFO((err ? err->message : std::string()));
   REQUIRE_FALSE(err.has_value());
-  REQUIRE(triton().ready(model));
+  REQUIRE(core().ready(model));
 }
 
 tt::tensor_in float_input(const std::string& name, const at::Tensor& t) {
@@ -363,7 +365,7 @@ std::pair<int, std::string> hammer(const std::string& model, const mlp_cases& ca
     clients.emplace_back([&, t] {
       for (int i = 0; i < per_thread; ++i) {
         const std::size_t c = static_cast<std::size_t>(t * per_thread + i) % cases.inputs.size();
-        const auto r = triton().infer(model, {float_input("x", cases.inputs[c])});
+        const auto r = core().infer(model, {float_input("x", cases.inputs[c])});
         std::string why;
         if (r.error) {
           why = r.error->message;
@@ -396,7 +398,7 @@ TEST_CASE("the bundled model served by the torchloom backend answers like the ru
   require_loaded("mlp");
   const mlp_cases cases(4);
   for (std::size_t i = 0; i < cases.inputs.size(); ++i) {
-    const auto r = triton().infer("mlp", {float_input("x", cases.inputs[i])});
+    const auto r = core().infer("mlp", {float_input("x", cases.inputs[i])});
     INFO((r.error ? r.error->message : std::string()));
     REQUIRE_FALSE(r.error.has_value());
     REQUIRE(r.outputs.size() == 1);
@@ -405,7 +407,7 @@ TEST_CASE("the bundled model served by the torchloom backend answers like the ru
   }
   // A request with a batch of 5 rows: the rows of the runner's batch-5 output.
   const at::Tensor x = torch::randn({5, 64});
-  const auto r = triton().infer("mlp", {float_input("x", x)});
+  const auto r = core().infer("mlp", {float_input("x", x)});
   REQUIRE_FALSE(r.error.has_value());
   CHECK(r.outputs[0].shape == std::vector<std::int64_t>{5, 16});
   CHECK(torch::equal(output_tensor(r), direct_mlp().run({x}).at(0)));
@@ -417,7 +419,7 @@ TEST_CASE("8 client threads x 500 requests each get the runner's answer", "[trit
   const auto [bad, first] = hammer("mlp", cases, 8, 500, true);
   INFO(first);
   CHECK(bad == 0);
-  CHECK(triton().counter("mlp", "inference_count") >= 4000);
+  CHECK(core().counter("mlp", "inference_count") >= 4000);
 }
 
 TEST_CASE("dynamic batching runs fewer executions than requests, every answer right",
@@ -427,9 +429,9 @@ TEST_CASE("dynamic batching runs fewer executions than requests, every answer ri
   const auto [bad, first] = hammer("mlp_batched", cases, 8, 500, false);
   INFO(first);
   CHECK(bad == 0);
-  const auto inferences = triton().counter("mlp_batched", "inference_count");
-  const auto executions = triton().counter("mlp_batched", "execution_count");
-  INFO(triton().statistics("mlp_batched"));
+  const auto inferences = core().counter("mlp_batched", "inference_count");
+  const auto executions = core().counter("mlp_batched", "execution_count");
+  INFO(core().statistics("mlp_batched"));
   CHECK(inferences == 4000);
   CHECK(executions < inferences);
   CHECK(executions > 0);
@@ -450,7 +452,7 @@ TEST_CASE("instances that share weights, and KIND_MODEL on the named device, ans
 TEST_CASE("a model with a dlopen hook and an op library is served", "[triton]") {
   require_loaded("embed");
   const at::Tensor keys = torch::tensor({{0, 3, 1, 7, 7, 9}}, torch::kLong);
-  const auto r = triton().infer(
+  const auto r = core().infer(
       "embed", {{"keys", TRITONSERVER_TYPE_INT64, {1, 6}, keys.data_ptr(), keys.nbytes()}});
   INFO((r.error ? r.error->message : std::string()));
   REQUIRE_FALSE(r.error.has_value());
@@ -465,16 +467,16 @@ TEST_CASE("a failing run fails its batch with run_failed's message; the model st
   require_loaded("embed");
   // Key 42 is outside the 10-row tables: the lookup raises inside the model.
   const at::Tensor bad_keys = torch::tensor({{0, 1, 2, 3, 4, 42}}, torch::kLong);
-  const auto r = triton().infer(
+  const auto r = core().infer(
       "embed", {{"keys", TRITONSERVER_TYPE_INT64, {1, 6}, bad_keys.data_ptr(), bad_keys.nbytes()}});
   REQUIRE(r.error.has_value());
   INFO(r.error->message);
   CHECK(r.error->code == TRITONSERVER_ERROR_INTERNAL);
   CHECK(contains(r.error->message, "model 'embed'"));
   CHECK(contains(r.error->message, "[run_failed]"));
-  CHECK(triton().ready("embed"));
+  CHECK(core().ready("embed"));
   const at::Tensor keys = torch::tensor({{1, 1, 1, 1, 1, 1}}, torch::kLong);
-  const auto ok = triton().infer(
+  const auto ok = core().infer(
       "embed", {{"keys", TRITONSERVER_TYPE_INT64, {1, 6}, keys.data_ptr(), keys.nbytes()}});
   CHECK_FALSE(ok.error.has_value());
 }
@@ -489,12 +491,12 @@ TEST_CASE("a bad request fails alone with torchloom's message; the others succee
   for (int t = 0; t < 4; ++t) {
     clients.emplace_back([&] {
       for (int i = 0; i < 25; ++i) {
-        const auto r = triton().infer("optional_in", {float_input("x", x), float_input("y", y)});
+        const auto r = core().infer("optional_in", {float_input("x", x), float_input("y", y)});
         if (r.error || r.outputs.empty() || !torch::equal(output_tensor(r), x + y)) ++good_failed;
       }
     });
   }
-  const auto bad = triton().infer("optional_in", {float_input("x", x)});
+  const auto bad = core().infer("optional_in", {float_input("x", x)});
   for (auto& c : clients) c.join();
   REQUIRE(bad.error.has_value());
   INFO(bad.error->message);
@@ -503,7 +505,7 @@ TEST_CASE("a bad request fails alone with torchloom's message; the others succee
   CHECK(contains(bad.error->message, "expected 2 inputs (x, y), got 1"));
   CHECK(contains(bad.error->message, "[bad_input]"));
   CHECK(good_failed == 0);
-  CHECK(triton().ready("optional_in"));
+  CHECK(core().ready("optional_in"));
 }
 
 TEST_CASE("a model that fails to load is unavailable with torchloom's message", "[triton]") {
@@ -519,12 +521,12 @@ TEST_CASE("a model that fails to load is unavailable with torchloom's message", 
   };
   for (const auto& c : cases) {
     INFO(c.model);
-    const auto err = triton().load(c.model);
+    const auto err = core().load(c.model);
     REQUIRE(err.has_value());
-    CHECK_FALSE(triton().ready(c.model));
-    const std::string reason = triton().reason(c.model);
+    CHECK_FALSE(core().ready(c.model));
+    const std::string reason = core().reason(c.model);
     INFO(reason);
-    CHECK(triton().state(c.model) == "UNAVAILABLE");
+    CHECK(core().state(c.model) == "UNAVAILABLE");
     for (const auto& p : c.parts) {
       INFO("expected in Triton's model status: " << p);
       CHECK(contains(reason, p));
@@ -544,14 +546,14 @@ TEST_CASE("an exception from torch after the run fails the request, never the se
           "[triton][defect]") {
   require_loaded("meta_out");
   const at::Tensor x = torch::ones({1, 4});
-  const auto r = triton().infer("meta_out", {vec_input("x", x)});
+  const auto r = core().infer("meta_out", {vec_input("x", x)});
   REQUIRE(r.error.has_value());
   INFO(r.error->message);
   CHECK(contains(r.error->message, "model 'meta_out'"));
   CHECK(contains(r.error->message, "meta"));
-  CHECK(triton().ready("meta_out"));
+  CHECK(core().ready("meta_out"));
   // The instance survives: the next request gets the same clean error.
-  CHECK(triton().infer("meta_out", {vec_input("x", x)}).error.has_value());
+  CHECK(core().infer("meta_out", {vec_input("x", x)}).error.has_value());
 }
 
 #if !TORCHLOOM_TRITON_GPU_CORE
@@ -563,16 +565,16 @@ TEST_CASE("a request the input collector fails leaves the batch; the others are 
   require_loaded("pair");
   const at::Tensor good = torch::randn({1, 64});
   const at::Tensor bad = torch::randn({1, 64});
-  const auto before_ok = triton().duration("pair", "success", "count");
-  const auto before_fail = triton().duration("pair", "fail", "count");
-  const auto before_exec = triton().counter("pair", "execution_count");
+  const auto before_ok = core().duration("pair", "success", "count");
+  const auto before_fail = core().duration("pair", "fail", "count");
+  const auto before_exec = core().counter("pair", "execution_count");
   auto a = std::async(std::launch::async, [&] {
-    return triton().infer("pair", {float_input("x", good)});
+    return core().infer("pair", {float_input("x", good)});
   });
   auto b = std::async(std::launch::async, [&] {
     tt::tensor_in in = float_input("x", bad);
     in.memory_type = TRITONSERVER_MEMORY_GPU;
-    return triton().infer("pair", {in});
+    return core().infer("pair", {in});
   });
   const auto ra = a.get();
   const auto rb = b.get();
@@ -581,10 +583,10 @@ TEST_CASE("a request the input collector fails leaves the batch; the others are 
   REQUIRE_FALSE(ra.error.has_value());
   REQUIRE(ra.outputs.size() == 1);
   CHECK(torch::equal(output_tensor(ra), direct_mlp().run({good}).at(0)));
-  CHECK(triton().duration("pair", "success", "count") == before_ok + 1);
-  CHECK(triton().duration("pair", "fail", "count") == before_fail + 1);
-  INFO(triton().statistics("pair"));
-  CHECK(triton().counter("pair", "execution_count") == before_exec + 1);
+  CHECK(core().duration("pair", "success", "count") == before_ok + 1);
+  CHECK(core().duration("pair", "fail", "count") == before_fail + 1);
+  INFO(core().statistics("pair"));
+  CHECK(core().counter("pair", "execution_count") == before_exec + 1);
 }
 #endif
 
@@ -601,9 +603,9 @@ TEST_CASE("outputs named both ways must agree; a clash fails the load naming bot
   };
   for (const auto& c : cases) {
     INFO(c.model);
-    const auto err = triton().load(c.model);
+    const auto err = core().load(c.model);
     REQUIRE(err.has_value());
-    const std::string reason = triton().reason(c.model);
+    const std::string reason = core().reason(c.model);
     INFO(reason);
     for (const auto& p : c.parts) {
       INFO("expected in Triton's model status: " << p);
@@ -613,7 +615,7 @@ TEST_CASE("outputs named both ways must agree; a clash fails the load naming bot
   // All by index, listed in another order: each gets its own output.
   require_loaded("reversed_out");
   const at::Tensor x = torch::randn({1, 4});
-  const auto r = triton().infer("reversed_out", {vec_input("x", x)});
+  const auto r = core().infer("reversed_out", {vec_input("x", x)});
   REQUIRE_FALSE(r.error.has_value());
   REQUIRE(r.outputs.size() == 2);
   for (const auto& o : r.outputs) {
@@ -626,7 +628,7 @@ TEST_CASE("outputs named both ways must agree; a clash fails the load naming bot
 TEST_CASE("an input with reshape gets the reshaped shape", "[triton][defect]") {
   require_loaded("reshaped");
   const at::Tensor x = torch::randn({3, 2, 32});
-  const auto r = triton().infer("reshaped", {float_input("x", x)});
+  const auto r = core().infer("reshaped", {float_input("x", x)});
   INFO(error_text(r));
   REQUIRE_FALSE(r.error.has_value());
   CHECK(r.outputs[0].shape == std::vector<std::int64_t>{3, 16});
@@ -639,11 +641,11 @@ TEST_CASE("ragged batching with a batch input and a scattered batch output",
   const std::vector<std::int64_t> lengths = {3, 5, 2};
   std::vector<at::Tensor> xs;
   for (auto n : lengths) xs.push_back(torch::randn({1, n}));
-  const auto before = triton().counter("ragged", "execution_count");
+  const auto before = core().counter("ragged", "execution_count");
   std::vector<std::future<tt::infer_result>> futures;
   for (const auto& x : xs) {
-    futures.push_back(std::async(std::launch::async, [&triton_ = triton(), x] {
-      return triton_.infer("ragged", {float_input("x", x)});
+    futures.push_back(std::async(std::launch::async, [&srv = core(), x] {
+      return srv.infer("ragged", {float_input("x", x)});
     }));
   }
   for (std::size_t i = 0; i < xs.size(); ++i) {
@@ -653,8 +655,8 @@ TEST_CASE("ragged batching with a batch input and a scattered batch output",
     CHECK(r.outputs[0].shape == xs[i].sizes().vec());
     CHECK(torch::equal(output_tensor(r), xs[i] * 2.0));
   }
-  INFO(triton().statistics("ragged"));
-  CHECK(triton().counter("ragged", "execution_count") == before + 1);  // one batch of three
+  INFO(core().statistics("ragged"));
+  CHECK(core().counter("ragged", "execution_count") == before + 1);  // one batch of three
 }
 
 TEST_CASE("sequence batching: control inputs and implicit state", "[triton][defect]") {
@@ -664,7 +666,7 @@ TEST_CASE("sequence batching: control inputs and implicit state", "[triton][defe
     tt::request_options o;
     o.correlation_id = 7;
     o.flags = flags;
-    const auto r = triton().infer("sequence_control", {vec_input("x", x)}, o);
+    const auto r = core().infer("sequence_control", {vec_input("x", x)}, o);
     INFO(error_text(r));
     REQUIRE_FALSE(r.error.has_value());
     return output_tensor(r);
@@ -682,7 +684,7 @@ TEST_CASE("sequence batching: control inputs and implicit state", "[triton][defe
     o.correlation_id = 11;
     if (step == 0) o.flags = TRITONSERVER_REQUEST_FLAG_SEQUENCE_START;
     if (step == 2) o.flags = TRITONSERVER_REQUEST_FLAG_SEQUENCE_END;
-    const auto r = triton().infer("sequence_state", {vec_input("INPUT__0", v)}, o);
+    const auto r = core().infer("sequence_state", {vec_input("INPUT__0", v)}, o);
     INFO("step " << step << ": " << error_text(r));
     REQUIRE_FALSE(r.error.has_value());
     REQUIRE(r.outputs.size() == 1);
@@ -696,16 +698,16 @@ TEST_CASE("a model whose forward takes Dict[str, Tensor] gets the inputs by name
   require_loaded("dict_in");
   const at::Tensor a = torch::randn({2, 4});
   const at::Tensor b = torch::randn({2, 4});
-  const auto r = triton().infer("dict_in", {vec_input("b", b), vec_input("a", a)});
+  const auto r = core().infer("dict_in", {vec_input("b", b), vec_input("a", a)});
   INFO(error_text(r));
   REQUIRE_FALSE(r.error.has_value());
   CHECK(torch::allclose(output_tensor(r), a + 2.0 * b));
 }
 
 TEST_CASE("model_warmup runs once per instance", "[triton][defect]") {
-  triton().unload("warm_count");
+  core().unload("warm_count");
   require_loaded("warm_count");
-  const auto r = triton().infer("warm_count", {vec_input("x", torch::zeros({1, 4}))});
+  const auto r = core().infer("warm_count", {vec_input("x", torch::zeros({1, 4}))});
   INFO(error_text(r));
   REQUIRE_FALSE(r.error.has_value());
   REQUIRE(r.outputs.size() == 2);
@@ -716,12 +718,12 @@ TEST_CASE("model_warmup runs once per instance", "[triton][defect]") {
 TEST_CASE("statistics: a failed run is no execution; input and output time are counted",
           "[triton][defect]") {
   require_loaded("embed");
-  const auto executions = triton().counter("embed", "execution_count");
+  const auto executions = core().counter("embed", "execution_count");
   const at::Tensor bad_keys = torch::tensor({{0, 1, 2, 3, 4, 42}}, torch::kLong);
-  const auto r = triton().infer(
+  const auto r = core().infer(
       "embed", {{"keys", TRITONSERVER_TYPE_INT64, {1, 6}, bad_keys.data_ptr(), bad_keys.nbytes()}});
   REQUIRE(r.error.has_value());
-  CHECK(triton().counter("embed", "execution_count") == executions);
+  CHECK(core().counter("embed", "execution_count") == executions);
 
   // 64 MiB in, 64 MiB out: gathering the input (sent in two buffers, so the collector copies
   // it) and copying the output are work, which Triton must see as input and output time.
@@ -730,17 +732,103 @@ TEST_CASE("statistics: a failed run is no execution; input and output time are c
   require_loaded("big_io");
   const std::int64_t n = 16 << 20;
   const at::Tensor x = torch::rand({1, n});
-  const auto in0 = triton().duration("big_io", "compute_input", "ns");
-  const auto out0 = triton().duration("big_io", "compute_output", "ns");
+  const auto in0 = core().duration("big_io", "compute_input", "ns");
+  const auto out0 = core().duration("big_io", "compute_output", "ns");
   tt::tensor_in in = float_input("x", x);
   in.pieces = 2;
-  const auto big = triton().infer("big_io", {in});
+  const auto big = core().infer("big_io", {in});
   INFO(error_text(big));
   REQUIRE_FALSE(big.error.has_value());
   CHECK(torch::equal(output_tensor(big), x * 2.0));
-  INFO(triton().statistics("big_io"));
-  CHECK(triton().duration("big_io", "compute_input", "ns") - in0 >= 500000);
-  CHECK(triton().duration("big_io", "compute_output", "ns") - out0 >= 500000);
+  INFO(core().statistics("big_io"));
+  CHECK(core().duration("big_io", "compute_input", "ns") - in0 >= 500000);
+  CHECK(core().duration("big_io", "compute_output", "ns") - out0 >= 500000);
+}
+
+// --- The backend's logic on its own ---------------------------------------------------------
+
+namespace tlb = torchloom::triton_backend;
+
+TEST_CASE("whatever a backend call throws becomes one Triton error; the utilities' own is "
+          "handed on, not leaked",
+          "[triton][logic]") {
+  using torchloom::errc;
+  // The backend utilities' exception types derive from nothing and carry an error object the
+  // catcher owns: it must come back as the call's error, the same object.
+  TRITONSERVER_Error* own = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNAVAILABLE, "from a base");
+  TRITONSERVER_Error* got = tlb::call_guarded("m", errc::load_failed, [&] {
+    throw triton::backend::BackendModelException(own);
+  });
+  CHECK(got == own);
+  TRITONSERVER_ErrorDelete(got);
+  own = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "from an instance base");
+  got = tlb::call_guarded("m", errc::load_failed, [&] {
+    throw triton::backend::BackendModelInstanceException(own);
+  });
+  CHECK(got == own);
+  TRITONSERVER_ErrorDelete(got);
+
+  const auto message = [](TRITONSERVER_Error* err) {
+    REQUIRE(err != nullptr);
+    std::pair<TRITONSERVER_Error_Code, std::string> out{TRITONSERVER_ErrorCode(err),
+                                                        TRITONSERVER_ErrorMessage(err)};
+    TRITONSERVER_ErrorDelete(err);
+    return out;
+  };
+  // torch's error: its message without the C++ backtrace, named as the model's.
+  const auto torch_err = message(tlb::call_guarded("m", errc::run_failed, [] {
+    (void)torch::zeros({2}).view({3});
+  }));
+  CHECK(torch_err.first == TRITONSERVER_ERROR_INTERNAL);
+  CHECK(contains(torch_err.second, "model 'm'"));
+  CHECK(contains(torch_err.second, "[run_failed]"));
+  CHECK_FALSE(contains(torch_err.second, "frame #"));
+  const auto tl_err = message(tlb::call_guarded("m", errc::run_failed, [] {
+    throw torchloom::error(errc::bad_input, "m", "bad");
+  }));
+  CHECK(tl_err.first == TRITONSERVER_ERROR_INVALID_ARG);
+  const auto odd = message(tlb::call_guarded("m", errc::run_failed, [] { throw 42; }));
+  CHECK(contains(odd.second, "unknown type"));
+  CHECK(tlb::call_guarded("m", errc::run_failed, [] {}) == nullptr);
+}
+
+TEST_CASE("Triton's naming rules bind inputs and outputs, and contradictions are refused",
+          "[triton][logic]") {
+  using tlb::io_naming;
+  const std::vector<std::string> args = {"x", "y", "z"};
+  // By forward's argument names, in any order.
+  auto b = tlb::bind_input_names("m", {"z", "x", "y"}, args);
+  CHECK(b.naming == io_naming::arguments);
+  CHECK(b.positions == std::vector<std::size_t>{2, 0, 1});
+  // By index.
+  b = tlb::bind_input_names("m", {"INPUT__1", "INPUT__0"}, args);
+  CHECK(b.naming == io_naming::index_suffix);
+  CHECK(b.positions == std::vector<std::size_t>{1, 0});
+  // Config order, where every name that says something agrees with its position.
+  b = tlb::bind_input_names("m", {"x", "INPUT__1", "other"}, args);
+  CHECK(b.naming == io_naming::config_order);
+  CHECK(b.positions == std::vector<std::size_t>{0, 1, 2});
+  CHECK_TORCHLOOM_ERROR(tlb::bind_input_names("m", {"y", "other"}, args),
+                        torchloom::errc::invalid_option, "'y'", "argument 1", "'other'");
+  CHECK_TORCHLOOM_ERROR(tlb::bind_input_names("m", {"a__1", "other"}, args),
+                        torchloom::errc::invalid_option, "'a__1'", "'other'");
+  CHECK_TORCHLOOM_ERROR(tlb::bind_input_names("m", {"a__0", "b__0"}, args),
+                        torchloom::errc::invalid_option, "'a__0'", "'b__0'");
+  CHECK_TORCHLOOM_ERROR(tlb::bind_input_names("m", {"INPUT__3"}, args),
+                        torchloom::errc::invalid_option, "INPUT__3", "forward takes 3");
+  CHECK_TORCHLOOM_ERROR(tlb::bind_input_names("m", {"a", "b", "c", "d"}, args),
+                        torchloom::errc::invalid_option, "4 inputs", "forward takes 3");
+
+  auto o = tlb::bind_output_names("m", {"OUTPUT__1", "OUTPUT__0"});
+  CHECK(o.naming == io_naming::index_suffix);
+  CHECK(o.positions == std::vector<std::size_t>{1, 0});
+  o = tlb::bind_output_names("m", {"logits", "probs__1"});
+  CHECK(o.naming == io_naming::config_order);
+  CHECK(o.positions == std::vector<std::size_t>{0, 1});
+  CHECK_TORCHLOOM_ERROR(tlb::bind_output_names("m", {"logits", "probs__0"}),
+                        torchloom::errc::invalid_option, "'probs__0'", "'logits'", "output 1");
+  CHECK_TORCHLOOM_ERROR(tlb::bind_output_names("m", {"a__2", "b__2"}),
+                        torchloom::errc::invalid_option, "'a__2'", "'b__2'");
 }
 
 TEST_CASE("50 unload/reload cycles of the served models", "[reload]") {
@@ -750,19 +838,19 @@ TEST_CASE("50 unload/reload cycles of the served models", "[reload]") {
   for (int cycle = 0; cycle < 50; ++cycle) {
     INFO("cycle " << cycle);
     for (const std::string model : {"mlp", "embed"}) {
-      const auto err = triton().load(model);
+      const auto err = core().load(model);
       INFO((err ? err->message : std::string()));
       REQUIRE_FALSE(err.has_value());
     }
-    const auto a = triton().infer("mlp", {float_input("x", x)});
+    const auto a = core().infer("mlp", {float_input("x", x)});
     REQUIRE_FALSE(a.error.has_value());
     CHECK(torch::equal(output_tensor(a), expected));
-    const auto b = triton().infer(
+    const auto b = core().infer(
         "embed", {{"keys", TRITONSERVER_TYPE_INT64, {1, 6}, keys.data_ptr(), keys.nbytes()}});
     REQUIRE_FALSE(b.error.has_value());
-    triton().unload("mlp");
-    triton().unload("embed");
-    REQUIRE_FALSE(triton().ready("embed"));
+    core().unload("mlp");
+    core().unload("embed");
+    REQUIRE_FALSE(core().ready("embed"));
   }
 }
 
