@@ -12,6 +12,7 @@
 
 #include "backend_errors.hpp"
 #include "io_names.hpp"
+#include "string_tensors.hpp"
 #include "triton/backend/backend_common.h"
 #include "triton/backend/backend_input_collector.h"
 #include "triton/backend/backend_model.h"
@@ -207,6 +208,7 @@ std::unique_ptr<any_runner> make_runner(const policy_choice& choice, const model
 //! What Triton hands the model besides the config's inputs, and how each input is gathered.
 enum class input_kind {
   tensor,   //!< a config input: one batch tensor [batch, dims...]
+  string,   //!< a TYPE_STRING config input: one List[str] of the batch's elements
   ragged,   //!< a config input with allow_ragged_batch: the requests' elements, flat
   batch,    //!< a batch_input, computed by Triton's input collector
   control,  //!< a sequence-batching control input (START, END, READY, CORRID)
@@ -226,6 +228,7 @@ struct input_decl {
 struct output_decl {
   std::string name;
   std::optional<c10::ScalarType> dtype;
+  bool is_string = false;                  //!< TYPE_STRING: the model returns a List[str]
   std::size_t index = 0;                   //!< the element of the model's output
   const tb::BatchOutput* batch = nullptr;  //!< scattered in the shape of an input
   bool state = false;                      //!< an implicit-state output
@@ -298,6 +301,7 @@ class model_state : public tb::BackendModel {
       tensor_decl d;
       d.name = in.name;
       d.dtype = in.dtype;
+      d.is_string = in.kind == input_kind::string;
       if (in.kind == input_kind::ragged || in.kind == input_kind::batch) {
         d.dims = {-1};
         if (in.batch && in.batch->BatchInputKind() == tb::BatchInput::Kind::BATCH_ITEM_SHAPE) {
@@ -315,6 +319,21 @@ class model_state : public tb::BackendModel {
   }
 
  private:
+  // Strings reach the model as one List[str] per batch: one dimension in all, the batch's.
+  void require_one_dimension(std::string_view what, const std::string& io,
+                             const std::vector<std::int64_t>& dims) const {
+    const bool batching = MaxBatchSize() > 0;
+    if (dims.size() + (batching ? 1 : 0) == 1) return;
+    throw error(errc::unsupported, spec_.name,
+                detail::concat(what, " '", io, "' is TYPE_STRING with dims ",
+                               c10::IntArrayRef(dims), batching ? " and a batch dimension" : "",
+                               ": a model takes and returns strings as one List[str], so the ",
+                               what, " must be one-dimensional",
+                               batching ? " (with max_batch_size > 0: dims: [ 1 ] and "
+                                          "reshape: { shape: [ ] })"
+                                        : " (dims: [ -1 ])"));
+  }
+
   // The config's inputs, then those Triton adds to every request.
   void read_inputs() {
     const std::string& name = spec_.name;
@@ -328,17 +347,28 @@ class model_state : public tb::BackendModel {
         std::string type;
         check_triton(io.MemberAsString("data_type", &type), name,
                      detail::concat("input '", d.name, "'"));
+        TritonJson::Value reshape;
+        const bool reshaped = io.Find("reshape", &reshape);
+        check_triton(tb::ParseShape(reshaped ? reshape : io, reshaped ? "shape" : "dims",
+                                    &d.dims),
+                     name, detail::concat("input '", d.name, "' dims"));
+        if (type == "TYPE_STRING") {
+          d.kind = input_kind::string;
+          require_one_dimension("input", d.name, d.dims);
+          if (IsInputRagged(d.name)) {
+            throw error(errc::unsupported, name,
+                        detail::concat("input '", d.name, "' is TYPE_STRING with "
+                                       "allow_ragged_batch; strings cannot be batched raggedly"));
+          }
+          inputs_.push_back(std::move(d));
+          continue;
+        }
         d.dtype = scalar_type(config_type(type));
         if (!d.dtype) {
           throw error(errc::unsupported, name,
                       detail::concat("input '", d.name, "' is ", type,
                                      ", which torchloom cannot pass to a model"));
         }
-        TritonJson::Value reshape;
-        const bool reshaped = io.Find("reshape", &reshape);
-        check_triton(tb::ParseShape(reshaped ? reshape : io, reshaped ? "shape" : "dims",
-                                    &d.dims),
-                     name, detail::concat("input '", d.name, "' dims"));
         bool flag = false;
         if (io.Find("is_shape_tensor") && succeeded(io.MemberAsBool("is_shape_tensor", &flag)) &&
             flag) {
@@ -432,13 +462,29 @@ class model_state : public tb::BackendModel {
         std::string type;
         check_triton(io.MemberAsString("data_type", &type), name,
                      detail::concat("output '", d.name, "'"));
-        d.dtype = scalar_type(config_type(type));
-        if (!d.dtype) {
-          throw error(errc::unsupported, name,
-                      detail::concat("output '", d.name, "' is ", type,
-                                     ", which torchloom cannot return from a model"));
-        }
         d.batch = FindBatchOutput(d.name);
+        if (type == "TYPE_STRING") {
+          d.is_string = true;
+          TritonJson::Value reshape;
+          const bool reshaped = io.Find("reshape", &reshape);
+          std::vector<std::int64_t> dims;
+          check_triton(tb::ParseShape(reshaped ? reshape : io, reshaped ? "shape" : "dims",
+                                      &dims),
+                       name, detail::concat("output '", d.name, "' dims"));
+          require_one_dimension("output", d.name, dims);
+          if (d.batch) {
+            throw error(errc::unsupported, name,
+                        detail::concat("output '", d.name, "' is TYPE_STRING and a batch_output; "
+                                       "strings cannot be scattered"));
+          }
+        } else {
+          d.dtype = scalar_type(config_type(type));
+          if (!d.dtype) {
+            throw error(errc::unsupported, name,
+                        detail::concat("output '", d.name, "' is ", type,
+                                       ", which torchloom cannot return from a model"));
+          }
+        }
         names.push_back(d.name);
         outputs_.push_back(std::move(d));
       }
@@ -454,7 +500,7 @@ class model_state : public tb::BackendModel {
         std::string type;
         check_triton(st.MemberAsString("output_name", &d.name), name, "sequence_batching state");
         check_triton(st.MemberAsString("data_type", &type), name, "sequence_batching state");
-        d.dtype = scalar_type(config_type(type));
+        d.dtype = scalar_type(config_type(type));  // read_inputs refused the others
         names.push_back(d.name);
         outputs_.push_back(std::move(d));
       }
@@ -518,7 +564,8 @@ class instance_state : public tb::BackendModelInstance {
     std::vector<TRITONBACKEND_Request*> requests;
     std::vector<TRITONBACKEND_Response*> responses;
     std::vector<std::uint32_t> index;  // in execute()'s arrays
-    std::int64_t batch = 0;            // rows, by the first input of each request
+    std::vector<std::int64_t> rows;    // each request's, by its first input
+    std::int64_t batch = 0;            // their sum
     std::uint64_t compute_start = 0;
     std::uint64_t compute_end = 0;
     bool ran = false;  // the model ran and its outputs went to the responses
@@ -550,7 +597,20 @@ class instance_state : public tb::BackendModelInstance {
     std::vector<std::string> arguments;
     for (const auto& s : sig) arguments.push_back(s.name);
     const io_positions bound = bind_input_names(name, names, arguments);
-    for (std::size_t i = 0; i < decls.size(); ++i) inputs_.push_back({&decls[i], bound.positions[i]});
+    for (std::size_t i = 0; i < decls.size(); ++i) {
+      inputs_.push_back({&decls[i], bound.positions[i]});
+      if (decls[i].kind != input_kind::string) continue;
+      const auto& arg = sig[bound.positions[i]];
+      if (!arg.type || !c10::ListType::ofStrings()->isSubtypeOf(*arg.type)) {
+        throw error(errc::invalid_option, name,
+                    detail::concat("input '", decls[i].name, "' is TYPE_STRING, but forward's ",
+                                   detail::input_label(sig, bound.positions[i]), " takes ",
+                                   arg.type ? arg.type->str() : std::string("a tensor"),
+                                   ", not List[str]"));
+      }
+      strings_ = true;
+    }
+    for (const auto& o : model_->outputs()) strings_ = strings_ || o.is_string;
     std::sort(inputs_.begin(), inputs_.end(),
               [](const input_binding& a, const input_binding& b) { return a.position < b.position; });
     // Every argument without a default needs an input.
@@ -610,16 +670,21 @@ class instance_state : public tb::BackendModelInstance {
   // (a response set to null has had its error sent).
   void run_group(group& g);
 
-  // The model's outputs, flattened: on `tensors` in argument order, or on `dict` for a
-  // model that takes a Dict[str, Tensor].
-  std::vector<at::Tensor> run_model(const std::vector<at::Tensor>& tensors,
-                                    c10::Dict<std::string, at::Tensor> dict);
+  // The model's outputs, flattened (a tensor or a list of strings each), on `values` in
+  // argument order (or the one Dict[str, Tensor]).
+  std::vector<c10::IValue> run_model(std::vector<c10::IValue> values);
+  void flatten_outputs(const c10::IValue& v, std::vector<c10::IValue>& out) const;
+  c10::List<std::string> gather_strings(const input_decl& d, group& g);
+  bool send_strings(const output_decl& o, const c10::List<std::string>& list, group& g,
+                    std::vector<std::string>& keep);
+  static bool requested(TRITONBACKEND_Request* request, const std::string& output);
 
   model_state* model_;
   c10::Device device_{c10::kCPU};
   std::unique_ptr<any_runner> runner_;
   std::vector<input_binding> inputs_;  // in argument order
   bool dict_ = false;
+  bool strings_ = false;  // strings in or out: the model runs on IValues
 };
 
 std::int64_t instance_state::check_request(TRITONBACKEND_Request* request) const {
@@ -657,6 +722,14 @@ std::int64_t instance_state::check_request(TRITONBACKEND_Request* request) const
       throw error(errc::bad_input, name, detail::concat("input '", b.decl->name, "': ", msg));
     }
     if (batch < 0) batch = batching && dims > 0 ? shape[0] : 1;
+    if (b.decl->kind == input_kind::string) {
+      if (dtype != TRITONSERVER_TYPE_BYTES) {
+        throw error(errc::bad_input, name,
+                    detail::concat("input '", b.decl->name, "' is ",
+                                   TRITONSERVER_DataTypeString(dtype), ", not BYTES"));
+      }
+      continue;
+    }
     const auto scalar = scalar_type(dtype);
     if (!scalar) {
       throw error(errc::bad_input, name,
@@ -680,15 +753,165 @@ std::int64_t instance_state::check_request(TRITONBACKEND_Request* request) const
   return batch < 0 ? 1 : batch;
 }
 
-std::vector<at::Tensor> instance_state::run_model(const std::vector<at::Tensor>& tensors,
-                                                  c10::Dict<std::string, at::Tensor> dict) {
-  if (!dict_) return runner_->run_tensors(tensors);
-  const c10::IValue result = runner_->run_values({c10::IValue(std::move(dict))});
-  // A tuple's elements are the outputs (nested tuples and lists of tensors flattened, as the
-  // runner flattens them).
-  std::vector<at::Tensor> out;
-  detail::flatten_tensors(model_->spec().name, result, out);
+std::vector<c10::IValue> instance_state::run_model(std::vector<c10::IValue> values) {
+  std::vector<c10::IValue> out;
+  if (!dict_ && !strings_) {
+    // All tensors, in and out: the runner's path without boxing.
+    std::vector<at::Tensor> tensors;
+    tensors.reserve(values.size());
+    for (auto& v : values) tensors.push_back(std::move(v).toTensor());
+    for (auto& t : runner_->run_tensors(tensors)) out.emplace_back(std::move(t));
+    return out;
+  }
+  flatten_outputs(runner_->run_values(std::move(values)), out);
   return out;
+}
+
+void instance_state::flatten_outputs(const c10::IValue& v, std::vector<c10::IValue>& out) const {
+  // A tuple's elements are the outputs; nested tuples and lists of tensors are flattened, as
+  // the runner flattens them; a list of strings is one (TYPE_STRING) output.
+  if (v.isTensor()) {
+    out.push_back(v);
+  } else if (v.isTuple()) {
+    for (const auto& e : v.toTupleRef().elements()) flatten_outputs(e, out);
+  } else if (v.isList() && v.type()->isSubtypeOf(*c10::ListType::ofStrings())) {
+    out.push_back(v);
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorVector()) out.emplace_back(t);
+  } else if (v.isList()) {
+    for (const auto& e : v.toListRef()) flatten_outputs(e, out);
+  } else {
+    throw error(errc::run_failed, model_->spec().name,
+                detail::concat("the model returned ", detail::describe_ivalue(v),
+                               "; Triton takes tensors and lists of strings"));
+  }
+}
+
+// Gathers a TYPE_STRING input: every request's elements, in request order, into one list.
+// A request whose strings cannot be read gets its error and empty strings in its place, so
+// the rows of the others keep their positions.
+c10::List<std::string> instance_state::gather_strings(const input_decl& d, group& g) {
+  const std::string& name = model_->spec().name;
+  struct piece {
+    std::vector<char> host;  // a copy, where the request's buffer is not one host buffer
+    const char* data = nullptr;
+    std::size_t bytes = 0;
+    std::int64_t elements = 0;
+  };
+  std::vector<piece> pieces(g.requests.size());
+  bool copied = false;
+  for (std::size_t r = 0; r < g.requests.size(); ++r) {
+    if (g.responses[r] == nullptr) continue;
+    piece& p = pieces[r];
+    TRITONBACKEND_Input* input = nullptr;
+    const std::int64_t* shape = nullptr;
+    std::uint32_t rank = 0;
+    std::uint64_t bytes = 0;
+    std::uint32_t buffers = 0;
+    TRITONSERVER_Error* err = TRITONBACKEND_RequestInput(g.requests[r], d.name.c_str(), &input);
+    if (err == nullptr) {
+      err = TRITONBACKEND_InputPropertiesForHostPolicy(input, HostPolicyName().c_str(), nullptr,
+                                                       nullptr, &shape, &rank, &bytes, &buffers);
+    }
+    if (err != nullptr) {
+      RESPOND_AND_SET_NULL_IF_ERROR(&g.responses[r], err);
+      continue;
+    }
+    p.elements = 1;
+    for (std::uint32_t i = 0; i < rank; ++i) p.elements *= shape[i];
+    p.bytes = bytes;
+    std::size_t offset = 0;
+    for (std::uint32_t i = 0; i < buffers && err == nullptr; ++i) {
+      const void* data = nullptr;
+      std::uint64_t size = 0;
+      TRITONSERVER_MemoryType type = TRITONSERVER_MEMORY_CPU;
+      std::int64_t id = 0;
+      err = TRITONBACKEND_InputBufferForHostPolicy(input, HostPolicyName().c_str(), i, &data,
+                                                   &size, &type, &id);
+      if (err != nullptr) break;
+      if (buffers == 1 && type != TRITONSERVER_MEMORY_GPU) {
+        p.data = static_cast<const char*>(data);  // read in place
+        break;
+      }
+      if (p.host.empty()) p.host.resize(p.bytes);
+      if (size > p.bytes - offset) {
+        err = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG,
+                                    "string input buffers larger than the input");
+        break;
+      }
+      bool cuda = false;
+      err = tb::CopyBuffer("string input", type, id, TRITONSERVER_MEMORY_CPU, 0, size, data,
+                           p.host.data() + offset, CudaStream(), &cuda);
+      copied = copied || cuda;
+      offset += size;
+    }
+    if (!p.host.empty()) p.data = p.host.data();
+    if (err != nullptr) RESPOND_AND_SET_NULL_IF_ERROR(&g.responses[r], err);
+  }
+  if (copied) synchronize();
+  c10::List<std::string> list;
+  for (std::size_t r = 0; r < g.requests.size(); ++r) {
+    const piece& p = pieces[r];
+    const std::size_t before = list.size();
+    if (g.responses[r] != nullptr) {
+      try {
+        read_strings(name, d.name, p.data, p.bytes, p.elements, list);
+        continue;
+      } catch (const error& e) {
+        RESPOND_AND_SET_NULL_IF_ERROR(&g.responses[r], to_triton(e));
+      }
+    }
+    // A failed request keeps its rows, as empty strings.
+    while (list.size() > before) list.pop_back();
+    for (std::int64_t e = 0; e < g.rows[r]; ++e) list.push_back(std::string());
+  }
+  return list;
+}
+
+// Sends a TYPE_STRING output: each request gets its rows of the list (all of it without
+// batching), if it asked for the output. Returns whether a copy into device memory is queued.
+bool instance_state::send_strings(const output_decl& o, const c10::List<std::string>& list,
+                                  group& g, std::vector<std::string>& keep) {
+  const std::string& name = model_->spec().name;
+  const bool batching = model_->MaxBatchSize() > 0;
+  bool cuda = false;
+  std::size_t begin = 0;
+  for (std::size_t r = 0; r < g.requests.size(); ++r) {
+    const std::size_t end = batching ? begin + static_cast<std::size_t>(g.rows[r]) : list.size();
+    auto*& response = g.responses[r];
+    const bool wanted = response != nullptr && requested(g.requests[r], o.name);
+    const std::size_t first = begin;
+    begin = end;
+    if (!wanted) continue;
+    const std::int64_t shape = static_cast<std::int64_t>(end - first);
+    keep.push_back(write_strings(name, o.name, list, first, end));
+    const std::string& bytes = keep.back();
+    TRITONBACKEND_Output* output = nullptr;
+    void* buffer = nullptr;
+    TRITONSERVER_MemoryType type = TRITONSERVER_MEMORY_CPU;
+    std::int64_t id = 0;
+    TRITONSERVER_Error* err = TRITONBACKEND_ResponseOutput(response, &output, o.name.c_str(),
+                                                           TRITONSERVER_TYPE_BYTES, &shape, 1);
+    if (err == nullptr) err = TRITONBACKEND_OutputBuffer(output, &buffer, bytes.size(), &type, &id);
+    if (err == nullptr) {
+      bool used = false;
+      err = tb::CopyBuffer("string output", TRITONSERVER_MEMORY_CPU, 0, type, id, bytes.size(),
+                           bytes.data(), buffer, CudaStream(), &used);
+      cuda = cuda || used;
+    }
+    if (err != nullptr) RESPOND_AND_SET_NULL_IF_ERROR(&response, err);
+  }
+  return cuda;
+}
+
+bool instance_state::requested(TRITONBACKEND_Request* request, const std::string& output) {
+  std::uint32_t n = 0;
+  if (!succeeded(TRITONBACKEND_RequestOutputCount(request, &n))) return true;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    const char* o = nullptr;
+    if (succeeded(TRITONBACKEND_RequestOutputName(request, i, &o)) && output == o) return true;
+  }
+  return false;
 }
 
 void instance_state::run_group(group& g) {
@@ -716,7 +939,7 @@ void instance_state::run_group(group& g) {
                                       model_->TritonMemoryManager(),
                                       model_->EnablePinnedInput(), CudaStream(), nullptr,
                                       nullptr, 0, HostPolicyName().c_str());
-  std::vector<at::Tensor> tensors;
+  std::vector<c10::IValue> values;
   c10::Dict<std::string, at::Tensor> dict;
   for (const auto& b : inputs_) {
     const input_decl& d = *b.decl;
@@ -741,6 +964,10 @@ void instance_state::run_group(group& g) {
         }
       }
       if (input == nullptr) break;  // a trailing optional input, left out by this batch
+      if (d.kind == input_kind::string) {
+        values.emplace_back(gather_strings(d, g));
+        continue;
+      }
       const std::int64_t* dims = nullptr;
       std::uint32_t rank = 0;
       check_triton(TRITONBACKEND_InputProperties(input, nullptr, nullptr, &dims, &rank, nullptr,
@@ -764,7 +991,7 @@ void instance_state::run_group(group& g) {
     if (dict_) {
       dict.insert(d.name, t);
     } else {
-      tensors.push_back(t);
+      values.emplace_back(std::move(t));
     }
   }
   if (collector.Finalize()) synchronize();
@@ -775,7 +1002,8 @@ void instance_state::run_group(group& g) {
   }
 
   g.compute_start = now_ns();
-  const std::vector<at::Tensor> outputs = run_model(tensors, std::move(dict));
+  if (dict_) values = {c10::IValue(std::move(dict))};
+  const std::vector<c10::IValue> outputs = run_model(std::move(values));
   // Each output is checked before any is sent: a bad one fails the whole batch.
   std::vector<at::Tensor> out_tensors(model_->outputs().size());
   for (std::size_t i = 0; i < model_->outputs().size(); ++i) {
@@ -787,7 +1015,27 @@ void instance_state::run_group(group& g) {
                                  o.name, "' is output ", o.index, " of the model, but it returned ",
                                  outputs.size()));
     }
-    const at::Tensor& t = outputs[o.index];
+    const c10::IValue& v = outputs[o.index];
+    if (o.is_string) {
+      if (!v.isList() || !v.type()->isSubtypeOf(*c10::ListType::ofStrings())) {
+        throw error(errc::run_failed, name,
+                    detail::concat("output '", o.name, "' is TYPE_STRING, but the model returned ",
+                                   detail::describe_ivalue(v), " for it, not a List[str]"));
+      }
+      const auto n = static_cast<std::int64_t>(v.toListRef().size());
+      if (batching && n != g.batch) {
+        throw error(errc::run_failed, name,
+                    detail::concat("output '", o.name, "' has ", n, " strings; a batch of ",
+                                   g.batch, " needs one per row"));
+      }
+      continue;
+    }
+    if (!v.isTensor()) {
+      throw error(errc::run_failed, name,
+                  detail::concat("output '", o.name, "' is ", detail::describe_ivalue(v),
+                                 ", not a tensor"));
+    }
+    const at::Tensor& t = v.toTensor();
     if (!t.defined()) {
       throw error(errc::run_failed, name,
                   detail::concat("output '", o.name, "' is an undefined tensor"));
@@ -822,8 +1070,16 @@ void instance_state::run_group(group& g) {
                                        model_->TritonMemoryManager(), batching,
                                        model_->EnablePinnedOutput(), CudaStream());
   std::vector<TRITONBACKEND_State*> states;
+  std::vector<std::string> serialized;  // string outputs, until their copies are done
+  serialized.reserve(count * model_->outputs().size());
+  bool copies = false;
   for (std::size_t i = 0; i < model_->outputs().size(); ++i) {
     const output_decl& o = model_->outputs()[i];
+    if (o.is_string) {
+      copies = send_strings(o, outputs[o.index].to<c10::List<std::string>>(), g, serialized) ||
+               copies;
+      continue;
+    }
     const at::Tensor& t = out_tensors[i];
     std::vector<std::int64_t> shape(t.sizes().begin(), t.sizes().end());
     const auto memory_type = t.is_cuda() ? TRITONSERVER_MEMORY_GPU : TRITONSERVER_MEMORY_CPU;
@@ -840,7 +1096,8 @@ void instance_state::run_group(group& g) {
                               memory_id);
     }
   }
-  if (responder.Finalize()) synchronize();
+  copies = responder.Finalize() || copies;
+  if (copies) synchronize();
   for (auto* s : states) {
     if (TRITONSERVER_Error* err = TRITONBACKEND_StateUpdate(s)) {
       RESPOND_ALL_AND_SET_NULL_IF_ERROR(responses, count, err);
@@ -873,6 +1130,7 @@ void instance_state::execute(TRITONBACKEND_Request** requests, std::uint32_t cou
     groups.back().requests.push_back(requests[r]);
     groups.back().responses.push_back(responses[r]);
     groups.back().index.push_back(r);
+    groups.back().rows.push_back(rows);
     groups.back().batch += rows;
   }
 

@@ -18,6 +18,7 @@
 #include "backend_errors.hpp"
 #include "in_process_triton.hpp"
 #include "io_names.hpp"
+#include "string_tensors.hpp"
 
 #include <dlfcn.h>
 #include <spawn.h>
@@ -245,6 +246,40 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]
 )");
   }
 
+  // TYPE_STRING inputs and outputs: List[str] in and out.
+  void add_string_models() {
+    add_script("strings", R"(
+def forward(self, words: List[str]) -> Tuple[List[str], Tensor]:
+    return [w.upper() for w in words], torch.tensor([len(w) for w in words])
+)",
+               R"(max_batch_size: 0
+input [ { name: "words" data_type: TYPE_STRING dims: [ -1 ] } ]
+output [ { name: "upper" data_type: TYPE_STRING dims: [ -1 ] },
+         { name: "lengths" data_type: TYPE_INT64 dims: [ -1 ] } ]
+)");
+    add_script("strings_batched", R"(
+def forward(self, text: List[str], x):
+    return [t + "!" for t in text], x * 2.0
+)",
+               R"(max_batch_size: 8
+input [ { name: "text" data_type: TYPE_STRING dims: [ 1 ] reshape: { shape: [ ] } },
+        { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "loud" data_type: TYPE_STRING dims: [ 1 ] reshape: { shape: [ ] } },
+         { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]
+dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 5000000 }
+)");
+    add_script("strings_2d", "def forward(self, words: List[str]) -> List[str]:\n    return words\n",
+               R"(max_batch_size: 0
+input [ { name: "words" data_type: TYPE_STRING dims: [ 2, 3 ] } ]
+output [ { name: "same" data_type: TYPE_STRING dims: [ -1 ] } ]
+)");
+    add_script("strings_to_tensor", "def forward(self, x):\n    return x\n",
+               R"(max_batch_size: 0
+input [ { name: "x" data_type: TYPE_STRING dims: [ -1 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+)");
+  }
+
   void add_mlp_config(const std::string& name, const std::string& io) {
     const fs::path d = dir / name;
     fs::create_directories(d / "1");
@@ -281,6 +316,7 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]
     torch::jit::Module add("add");
     add.define("def forward(self, x, y):\n    return x + y\n");
     add_defect_models();
+    add_string_models();
     torchloom_test::write_triton_model(dir / "optional_in", add,
                                        R"(name: "optional_in"
 backend: "torchloom"
@@ -745,9 +781,119 @@ TEST_CASE("statistics: a failed run is no execution; input and output time are c
   CHECK(core().duration("big_io", "compute_output", "ns") - out0 >= 500000);
 }
 
-// --- The backend's logic on its own ---------------------------------------------------------
-
 namespace tlb = torchloom::triton_backend;
+
+// --- TYPE_STRING: List[str] in and out (Triton's wire format: 4-byte length + bytes) ------
+
+tt::tensor_in string_input(const std::string& name, const std::string& wire,
+                           std::vector<std::int64_t> shape) {
+  return {name, TRITONSERVER_TYPE_BYTES, std::move(shape), wire.data(), wire.size()};
+}
+
+TEST_CASE("TYPE_STRING inputs and outputs are List[str], one-dimensional", "[triton][strings]") {
+  require_loaded("strings");
+  const std::vector<std::string> words = {"triton", "", "torch loom", std::string("nul\0in", 6)};
+  const std::string wire = tt::serialize_strings(words);
+  const auto r = core().infer("strings", {string_input("words", wire, {4})});
+  INFO(error_text(r));
+  REQUIRE_FALSE(r.error.has_value());
+  REQUIRE(r.outputs.size() == 2);
+  for (const auto& o : r.outputs) {
+    if (o.name == "upper") {
+      CHECK(o.dtype == TRITONSERVER_TYPE_BYTES);
+      CHECK(o.shape == std::vector<std::int64_t>{4});
+      CHECK(o.strings() == std::vector<std::string>{"TRITON", "", "TORCH LOOM",
+                                                    std::string("NUL\0IN", 6)});
+    } else {
+      CHECK(o.name == "lengths");
+      CHECK(std::vector<std::int64_t>(o.as<std::int64_t>(), o.as<std::int64_t>() + 4) ==
+            std::vector<std::int64_t>{6, 0, 10, 6});
+    }
+  }
+  // Only the output asked for.
+  tt::request_options only;
+  only.outputs = {"upper"};
+  const auto one = core().infer("strings", {string_input("words", wire, {4})}, only);
+  REQUIRE_FALSE(one.error.has_value());
+  REQUIRE(one.outputs.size() == 1);
+  CHECK(one.outputs[0].name == "upper");
+}
+
+TEST_CASE("strings in a dynamic batch: each request gets its own rows back", "[triton][strings]") {
+  require_loaded("strings_batched");
+  const std::vector<std::vector<std::string>> texts = {{"a"}, {"bb", "ccc"}, {"dddd"}};
+  std::vector<std::string> wires;
+  std::vector<at::Tensor> xs;
+  for (const auto& t : texts) {
+    wires.push_back(tt::serialize_strings(t));
+    xs.push_back(torch::randn({static_cast<std::int64_t>(t.size()), 2}));
+  }
+  const auto before = core().counter("strings_batched", "execution_count");
+  std::vector<std::future<tt::infer_result>> futures;
+  for (std::size_t i = 0; i < texts.size(); ++i) {
+    futures.push_back(std::async(std::launch::async, [&, i] {
+      const auto rows = static_cast<std::int64_t>(texts[i].size());
+      return core().infer("strings_batched",
+                          {string_input("text", wires[i], {rows, 1}), float_input("x", xs[i])});
+    }));
+  }
+  for (std::size_t i = 0; i < texts.size(); ++i) {
+    const auto r = futures[i].get();
+    INFO("request " << i << ": " << error_text(r));
+    REQUIRE_FALSE(r.error.has_value());
+    REQUIRE(r.outputs.size() == 2);
+    for (const auto& o : r.outputs) {
+      if (o.name == "y") {
+        const at::Tensor y =
+            torch::from_blob(const_cast<char*>(o.data.data()), o.shape, torch::kFloat).clone();
+        CHECK(torch::equal(y, xs[i] * 2.0));
+        continue;
+      }
+      CHECK(o.shape == std::vector<std::int64_t>{static_cast<std::int64_t>(texts[i].size()), 1});
+      std::vector<std::string> expected;
+      for (const auto& t : texts[i]) expected.push_back(t + "!");
+      CHECK(o.strings() == expected);
+    }
+  }
+  INFO(core().statistics("strings_batched"));
+  CHECK(core().counter("strings_batched", "execution_count") == before + 1);  // 4 rows, one run
+}
+
+TEST_CASE("a TYPE_STRING input that is not one List[str] fails the load saying why",
+          "[triton][strings]") {
+  const auto err = core().load("strings_2d");
+  REQUIRE(err.has_value());
+  std::string reason = core().reason("strings_2d");
+  INFO(reason);
+  CHECK(contains(reason, "model 'strings_2d'"));
+  CHECK(contains(reason, "'words'"));
+  CHECK(contains(reason, "one-dimensional"));
+  REQUIRE(core().load("strings_to_tensor").has_value());
+  reason = core().reason("strings_to_tensor");
+  INFO(reason);
+  CHECK(contains(reason, "'x' is TYPE_STRING"));
+  CHECK(contains(reason, "not List[str]"));
+}
+
+TEST_CASE("the string wire format: read exactly, written back the same", "[triton][logic]") {
+  const std::vector<std::string> words = {"a", "", std::string(300, 'x')};
+  const std::string wire = tt::serialize_strings(words);
+  c10::List<std::string> list;
+  tlb::read_strings("m", "s", wire.data(), wire.size(), 3, list);
+  REQUIRE(list.size() == 3);
+  CHECK(list.get(2) == words[2]);
+  CHECK(tlb::write_strings("m", "s", list, 0, 3) == wire);
+  CHECK(tlb::write_strings("m", "s", list, 1, 2) == tt::serialize_strings({""}));
+  c10::List<std::string> more;
+  CHECK_TORCHLOOM_ERROR(tlb::read_strings("m", "s", wire.data(), wire.size(), 4, more),
+                        torchloom::errc::bad_input, "'s'", "3 strings, not 4");
+  CHECK_TORCHLOOM_ERROR(tlb::read_strings("m", "s", wire.data(), wire.size(), 2, more),
+                        torchloom::errc::bad_input, "left over");
+  CHECK_TORCHLOOM_ERROR(tlb::read_strings("m", "s", wire.data(), wire.size() - 1, 3, more),
+                        torchloom::errc::bad_input, "string 2", "300 bytes");
+}
+
+// --- The backend's logic on its own ---------------------------------------------------------
 
 TEST_CASE("whatever a backend call throws becomes one Triton error; the utilities' own is "
           "handed on, not leaked",
