@@ -1,9 +1,9 @@
 // libtriton_torchloom.so: a Triton Inference Server backend that serves TorchScript and
 // AOTInductor models through torchloom's model_runner.
 //
-// A model directory's config.pbtxt is read by torchloom (model_spec::from_directory), so a
-// repository written for Triton's PyTorch backend moves over by setting
-// `backend: "torchloom"`. The runner's policies come from parameters the backend reserves
+// The model configuration Triton hands the backend is read and checked by torchloom
+// (model_spec::from_directory with the configuration as JSON), so a repository written for
+// Triton's PyTorch backend moves over by setting `backend: "torchloom"`. The runner's policies come from parameters the backend reserves
 // (TORCHLOOM_STREAM, TORCHLOOM_RESIDENCY, TORCHLOOM_HOOK, TORCHLOOM_DEVICE), the loader from
 // the model file's type; torchloom::with_runner_type maps that choice to one of the runner
 // types compiled into this library. Each model instance owns one runner.
@@ -241,13 +241,13 @@ class model_state : public tb::BackendModel {
  public:
   explicit model_state(TRITONBACKEND_Model* model)
       : tb::BackendModel(model, /*allow_optional=*/true) {
-    // The one place where Triton's model directory becomes a torchloom model_spec.
+    // The one place where Triton's model becomes a torchloom model_spec: the model
+    // configuration Triton hands the backend (config.pbtxt with what Triton filled in, or a
+    // configuration given through the load API), checked as torchloom checks a config.pbtxt.
+    TritonJson::WriteBuffer json;
+    check_triton(ModelConfig().Write(&json), Name(), "the model configuration");
     spec_ = model_spec::from_directory(RepositoryPath(), static_cast<std::int64_t>(Version()),
-                                       backend_keys);
-    if (!spec_.config) {
-      throw error(errc::invalid_option, spec_.name,
-                  detail::concat("no config.pbtxt in '", RepositoryPath(), "'"));
-    }
+                                       backend_keys, std::string_view(json.Base(), json.Size()));
     choice_ = choose_policies(spec_);
     read_inputs();
     read_outputs();

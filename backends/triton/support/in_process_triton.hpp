@@ -236,6 +236,13 @@ class server {
     return field(index_entry(model), "reason");
   }
 
+  //! The model's configuration as Triton's core holds it (what a backend is handed), as JSON.
+  std::string model_config(const std::string& model) const {
+    TRITONSERVER_Message* msg = nullptr;
+    check(TRITONSERVER_ServerModelConfig(server_, model.c_str(), -1, 1, &msg), "model config");
+    return text(msg);
+  }
+
   //! The model's statistics as Triton reports them, as JSON text.
   std::string statistics(const std::string& model) const {
     TRITONSERVER_Message* msg = nullptr;

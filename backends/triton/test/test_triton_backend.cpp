@@ -317,6 +317,16 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]
     add.define("def forward(self, x, y):\n    return x + y\n");
     add_defect_models();
     add_string_models();
+    // A config on disk that torchloom refuses, and configurations given through the load
+    // API instead (see "the model configuration Triton hands the backend").
+    add_mlp("override",
+            "parameters { key: \"TORCHLOOM_STREAM\" value { string_value: \"fastest\" } }\n");
+    add_mlp("bad_param",
+            "parameters { key: \"INFERENCE_MODE\" value { string_value: \"maybe\" } }\n");
+    add_mlp_config("bad_type", R"(max_batch_size: 64
+input [ { name: "x" data_type: TYPE_UINT32 dims: [ 64 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 16 ] } ]
+)");
     torchloom_test::write_triton_model(dir / "optional_in", add,
                                        R"(name: "optional_in"
 backend: "torchloom"
@@ -362,6 +372,8 @@ void require_loaded(const std::string& model) {
 tt::tensor_in float_input(const std::string& name, const at::Tensor& t) {
   return {name, TRITONSERVER_TYPE_FP32, t.sizes().vec(), t.data_ptr(), t.nbytes()};
 }
+
+std::string error_text(const tt::infer_result& r) { return r.error ? r.error->message : ""; }
 
 at::Tensor output_tensor(const tt::infer_result& r, std::size_t i = 0) {
   REQUIRE(r.outputs.size() > i);
@@ -576,7 +588,6 @@ tt::tensor_in vec_input(const std::string& name, const at::Tensor& t) {
   return float_input(name, t);
 }
 
-std::string error_text(const tt::infer_result& r) { return r.error ? r.error->message : ""; }
 
 TEST_CASE("an exception from torch after the run fails the request, never the server",
           "[triton][defect]") {
@@ -782,6 +793,72 @@ TEST_CASE("statistics: a failed run is no execution; input and output time are c
 }
 
 namespace tlb = torchloom::triton_backend;
+
+// --- The model configuration Triton hands the backend ------------------------------------
+
+// A config for the bundled MLP as the load API takes it (protobuf's JSON form).
+std::string mlp_json(const std::string& name, const std::string& output,
+                     const std::string& input_type, const std::string& parameters) {
+  return R"({"name":")" + name + R"(","backend":"torchloom","max_batch_size":64,)" +
+         R"("input":[{"name":"x","data_type":")" + input_type + R"(","dims":[64]}],)" +
+         R"("output":[{"name":")" + output + R"(","data_type":"TYPE_FP32","dims":[16]}],)" +
+         R"("instance_group":[{"kind":"KIND_CPU","count":1}],"parameters":{)" + parameters +
+         "}}";
+}
+
+TEST_CASE("a configuration given through the load API is the one the backend serves",
+          "[triton][config]") {
+  // On disk: a stream policy that does not exist.
+  REQUIRE(core().load("override").has_value());
+  INFO(core().reason("override"));
+  CHECK(contains(core().reason("override"), "fastest"));
+  // Through the load API: a valid configuration whose output has another name.
+  const auto err = core().load_with_config("override", mlp_json("override", "renamed",
+                                                                "TYPE_FP32", ""));
+  INFO((err ? err->message : std::string()));
+  REQUIRE_FALSE(err.has_value());
+  const at::Tensor x = torch::randn({2, 64});
+  const auto r = core().infer("override", {float_input("x", x)});
+  INFO(error_text(r));
+  REQUIRE_FALSE(r.error.has_value());
+  REQUIRE(r.outputs.size() == 1);
+  CHECK(r.outputs[0].name == "renamed");
+  CHECK(torch::equal(output_tensor(r), direct_mlp().run({x}).at(0)));
+  core().unload("override");
+}
+
+TEST_CASE("an invalid configuration fails the same way from disk and through the load API",
+          "[triton][config]") {
+  struct expectation {
+    std::string model;
+    std::string json;
+    std::string message;  // the library's own words, after the location
+  };
+  const std::vector<expectation> cases = {
+      {"bad_param",
+       mlp_json("bad_param", "y", "TYPE_FP32",
+                R"("INFERENCE_MODE":{"string_value":"maybe"})"),
+       "parameters: "},
+      {"bad_type", mlp_json("bad_type", "y", "TYPE_UINT32", ""), "input 'x': data_type "},
+  };
+  for (const auto& c : cases) {
+    INFO(c.model);
+    REQUIRE(core().load(c.model).has_value());
+    const std::string from_disk = core().reason(c.model);
+    REQUIRE(core().load_with_config(c.model, c.json).has_value());
+    const std::string from_api = core().reason(c.model);
+    INFO("disk: " << from_disk << "\nload API: " << from_api);
+    CHECK(from_disk == from_api);
+    // The library's config parser on the file says the same after its file:line.
+    const auto e = torchloom_test::capture_error(
+        [&] { (void)torchloom::model_spec::from_directory(repo().model(c.model)); });
+    const std::string library = e.message();
+    const auto at = library.find(c.message);
+    REQUIRE(at != std::string::npos);
+    INFO("library: " << library);
+    CHECK(contains(from_api, "the model configuration: " + library.substr(at)));
+  }
+}
 
 // --- TYPE_STRING: List[str] in and out (Triton's wire format: 4-byte length + bytes) ------
 
