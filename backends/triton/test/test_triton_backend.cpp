@@ -350,8 +350,11 @@ std::unique_ptr<tt::server> the_server;
 
 tt::server& core() {
   if (!the_server) {
+    // The bundled repository (the build's models/, as the documented build leaves it) is
+    // served as it is, beside the test repository.
     the_server = std::make_unique<tt::server>(
-        tt::server_options{{repo().dir.path().string()},
+        tt::server_options{{repo().dir.path().string(),
+                            fs::path(TORCHLOOM_BUNDLED_MODEL_DIR).parent_path().string()},
                            TORCHLOOM_TRITON_BACKEND_DIR,
                            true,
                            {},
@@ -458,6 +461,16 @@ TEST_CASE("the bundled model served by the torchloom backend answers like the ru
   const auto r = core().infer("mlp", {float_input("x", x)});
   REQUIRE_FALSE(r.error.has_value());
   CHECK(r.outputs[0].shape == std::vector<std::int64_t>{5, 16});
+  CHECK(torch::equal(output_tensor(r), direct_mlp().run({x}).at(0)));
+}
+
+TEST_CASE("the bundled repository is served as it is", "[triton]") {
+  require_loaded("tiny_mlp");
+  const at::Tensor x = torch::randn({3, 64});
+  const auto r = core().infer("tiny_mlp", {float_input("x", x)});
+  INFO(error_text(r));
+  REQUIRE_FALSE(r.error.has_value());
+  CHECK(r.outputs[0].name == "y");
   CHECK(torch::equal(output_tensor(r), direct_mlp().run({x}).at(0)));
 }
 
