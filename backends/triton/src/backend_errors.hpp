@@ -54,13 +54,11 @@ TRITONSERVER_Error* call_guarded(const std::string& model, errc fallback, F&& f)
     } catch (const error& e) {
       return to_triton(e);
     } catch (const triton::backend::BackendModelException& e) {
-      return e.err_ != nullptr
-                 ? e.err_
-                 : to_triton(error(fallback, model, "the backend utilities failed, saying nothing"));
+      return e.err_ != nullptr ? e.err_
+                               : to_triton(error(fallback, model, "the backend utilities failed"));
     } catch (const triton::backend::BackendModelInstanceException& e) {
-      return e.err_ != nullptr
-                 ? e.err_
-                 : to_triton(error(fallback, model, "the backend utilities failed, saying nothing"));
+      return e.err_ != nullptr ? e.err_
+                               : to_triton(error(fallback, model, "the backend utilities failed"));
     } catch (const std::exception& e) {
       return to_triton(error(fallback, model, detail::torch_message(e)));
     } catch (...) {

@@ -3,13 +3,15 @@
 //
 // The model configuration Triton hands the backend is read and checked by torchloom
 // (model_spec::from_directory with the configuration as JSON), so a repository written for
-// Triton's PyTorch backend moves over by setting `backend: "torchloom"`. The runner's policies come from parameters the backend reserves
-// (TORCHLOOM_STREAM, TORCHLOOM_RESIDENCY, TORCHLOOM_HOOK, TORCHLOOM_DEVICE), the loader from
-// the model file's type; torchloom::with_runner_type maps that choice to one of the runner
-// types compiled into this library. Each model instance owns one runner.
+// Triton's PyTorch backend moves over by setting `backend: "torchloom"`. The runner's
+// policies come from parameters the backend reserves (TORCHLOOM_STREAM, TORCHLOOM_RESIDENCY,
+// TORCHLOOM_HOOK, TORCHLOOM_DEVICE, TORCHLOOM_GRAPHS), the loader from the model file's type;
+// torchloom::with_runner_type maps that choice to one of the runner types compiled into this
+// library. Each model instance owns one runner. docs/triton-backend.md tells the whole story.
 #include <torchloom/policy_choice.hpp>
 #include <torchloom/torchloom.hpp>
 
+#include "any_runner.hpp"
 #include "backend_errors.hpp"
 #include "io_names.hpp"
 #include "string_tensors.hpp"
@@ -52,7 +54,8 @@ using triton::common::TritonJson;
 
 //! The parameters this backend reads itself; every other parameter is a runner option.
 const std::vector<std::string> backend_keys = {"TORCHLOOM_STREAM", "TORCHLOOM_RESIDENCY",
-                                               "TORCHLOOM_HOOK", "TORCHLOOM_DEVICE"};
+                                               "TORCHLOOM_HOOK", "TORCHLOOM_DEVICE",
+                                               "TORCHLOOM_GRAPHS"};
 
 std::uint64_t now_ns() {
   return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -164,36 +167,6 @@ policy_choice choose_policies(const model_spec& spec) {
   return c;
 }
 
-//! A runner of any policy type, behind one interface.
-class any_runner {
- public:
-  virtual ~any_runner() = default;
-  //! The model's outputs, flattened, for tensor inputs (the fast path: no boxing).
-  virtual std::vector<at::Tensor> run_tensors(const std::vector<at::Tensor>& inputs) = 0;
-  //! The model's output as torch returned it.
-  virtual c10::IValue run_values(std::vector<c10::IValue> inputs) = 0;
-  virtual const input_signature& inputs() const = 0;
-  virtual c10::Device device() const = 0;
-};
-
-template <class Runner>
-class runner_box final : public any_runner {
- public:
-  runner_box(model_spec spec, std::optional<c10::Device> device)
-      : runner_(device ? Runner(std::move(spec), *device) : Runner(std::move(spec))) {}
-  std::vector<at::Tensor> run_tensors(const std::vector<at::Tensor>& inputs) override {
-    return runner_.run_tensors(inputs);
-  }
-  c10::IValue run_values(std::vector<c10::IValue> inputs) override {
-    return runner_.run_ivalue(std::move(inputs));
-  }
-  const input_signature& inputs() const override { return runner_.inputs(); }
-  c10::Device device() const override { return runner_.device(); }
-
- private:
-  Runner runner_;
-};
-
 std::unique_ptr<any_runner> make_runner(const policy_choice& choice, const model_spec& spec,
                                         std::optional<c10::Device> device) {
   return with_runner_type(
@@ -246,9 +219,31 @@ class model_state : public tb::BackendModel {
     // configuration given through the load API), checked as torchloom checks a config.pbtxt.
     TritonJson::WriteBuffer json;
     check_triton(ModelConfig().Write(&json), Name(), "the model configuration");
-    spec_ = model_spec::from_directory(RepositoryPath(), static_cast<std::int64_t>(Version()),
-                                       backend_keys, std::string_view(json.Base(), json.Size()));
+    try {
+      spec_ = model_spec::from_directory(RepositoryPath(), static_cast<std::int64_t>(Version()),
+                                         host_keys(), std::string_view(json.Base(), json.Size()));
+    } catch (const error& e) {
+      if (e.code() != errc::invalid_option ||
+          e.message().find("parameters: unknown option") == std::string::npos) {
+        throw;
+      }
+      throw error(e.code(), e.model(),
+                  detail::concat(e.message(), "; the torchloom backend refuses parameters it "
+                                 "does not read, where Triton's PyTorch backend ignores them: "
+                                 "to keep one, name it in TORCHLOOM_IGNORE_PARAMETERS"));
+    }
     choice_ = choose_policies(spec_);
+    if (auto it = spec_.host_parameters.find("TORCHLOOM_GRAPHS");
+        it != spec_.host_parameters.end()) {
+      const auto on = detail::parse_bool(it->second);
+      if (!on) {
+        throw error(errc::invalid_option, spec_.name,
+                    detail::concat("parameter TORCHLOOM_GRAPHS='",
+                                   detail::printable(it->second, 64),
+                                   "' is not a boolean: use true or false"));
+      }
+      graphs_ = *on;
+    }
     read_inputs();
     read_outputs();
     if (auto it = spec_.host_parameters.find("TORCHLOOM_DEVICE");
@@ -265,6 +260,8 @@ class model_state : public tb::BackendModel {
 
   const model_spec& spec() const { return spec_; }
   const policy_choice& choice() const { return choice_; }
+  //! TORCHLOOM_GRAPHS: the stream policy wrapped in graphed<...> (CUDA graph replays).
+  bool graphs() const { return graphs_; }
   //! The inputs, in the config's order, then Triton's: batch inputs, sequence controls, state.
   const std::vector<input_decl>& inputs() const { return inputs_; }
   const std::vector<output_decl>& outputs() const { return outputs_; }
@@ -319,6 +316,26 @@ class model_state : public tb::BackendModel {
   }
 
  private:
+  // The parameters the backend takes out of the runner's options: its own, and those that
+  // TORCHLOOM_IGNORE_PARAMETERS names (';'-separated), which it ignores. Any other key is a
+  // runner option, and one torchloom does not know fails the load.
+  std::vector<std::string> host_keys() {
+    std::vector<std::string> keys = backend_keys;
+    keys.push_back("TORCHLOOM_IGNORE_PARAMETERS");
+    TritonJson::Value parameters;
+    TritonJson::Value entry;
+    std::string ignored;
+    if (ModelConfig().Find("parameters", &parameters) &&
+        parameters.Find("TORCHLOOM_IGNORE_PARAMETERS", &entry) &&
+        succeeded(entry.MemberAsString("string_value", &ignored))) {
+      for (const auto& k : detail::split(ignored, ';')) {
+        const std::string key(detail::trim(k));
+        if (!key.empty()) keys.push_back(key);
+      }
+    }
+    return keys;
+  }
+
   // Strings reach the model as one List[str] per batch: one dimension in all, the batch's.
   void require_one_dimension(std::string_view what, const std::string& io,
                              const std::vector<std::int64_t>& dims) const {
@@ -511,6 +528,7 @@ class model_state : public tb::BackendModel {
 
   model_spec spec_;
   policy_choice choice_;
+  bool graphs_ = false;
   std::vector<input_decl> inputs_;
   std::vector<output_decl> outputs_;
   std::optional<c10::Device> model_device_;
@@ -539,7 +557,10 @@ class instance_state : public tb::BackendModelInstance {
       default:
         device = c10::Device(c10::kCPU);
     }
-    runner_ = make_runner(model->choice(), model->instance_spec(Kind(), DeviceId()), device);
+    runner_ = model->graphs()
+                  ? make_graphed_runner(model->choice(), model->instance_spec(Kind(), DeviceId()),
+                                        device)
+                  : make_runner(model->choice(), model->instance_spec(Kind(), DeviceId()), device);
     device_ = runner_->device();
     if (model->cache_cleaning() && device_.is_cuda() && !TORCHLOOM_HAS_CUDA) {
       throw error(errc::unsupported, name,
@@ -612,7 +633,9 @@ class instance_state : public tb::BackendModelInstance {
     }
     for (const auto& o : model_->outputs()) strings_ = strings_ || o.is_string;
     std::sort(inputs_.begin(), inputs_.end(),
-              [](const input_binding& a, const input_binding& b) { return a.position < b.position; });
+              [](const input_binding& a, const input_binding& b) {
+                return a.position < b.position;
+              });
     // Every argument without a default needs an input.
     for (std::size_t a = 0; a < sig.size(); ++a) {
       const bool fed = std::any_of(inputs_.begin(), inputs_.end(),

@@ -15,6 +15,11 @@
 
 #include <torchloom/torchloom.hpp>
 
+#if TORCHLOOM_HAS_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime_api.h>
+#endif
+
 #include "backend_errors.hpp"
 #include "in_process_triton.hpp"
 #include "io_names.hpp"
@@ -280,6 +285,55 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]
 )");
   }
 
+  // Models for a GPU core ([cuda] cases; never loaded on a CPU core).
+  void add_gpu_models() {
+    const std::string gpu0 = "instance_group [ { kind: KIND_GPU count: 2 gpus: [ 0 ] } ]\n";
+    const auto param = [](const std::string& k, const std::string& v) {
+      return "parameters { key: \"" + k + "\" value { string_value: \"" + v + "\" } }\n";
+    };
+    add_mlp("gpu_mlp", gpu0 + "dynamic_batching { max_queue_delay_microseconds: 500 }\n");
+    for (const std::string stream : {"caller", "pool", "adaptive", "green"}) {
+      for (const std::string graphs : {"false", "true"}) {
+        std::string extra = gpu0 + param("TORCHLOOM_STREAM", stream) +
+                            param("TORCHLOOM_GRAPHS", graphs);
+        if (stream == "green") extra += param("GREEN_CONTEXT_SM_COUNT", "16");
+        add_mlp("gpu_" + stream + (graphs == "true" ? "_graphed" : ""), extra);
+      }
+    }
+    for (const std::string residency : {"shared", "streamed", "mapped"}) {
+      std::string extra = gpu0 + param("TORCHLOOM_RESIDENCY", residency);
+      if (residency != "shared") extra += param("WEIGHT_OFFLOAD_BUDGET_MB", "1");
+      add_mlp("gpu_" + residency, extra);
+    }
+    add_mlp("gpu_mapped_graphed", gpu0 + param("TORCHLOOM_RESIDENCY", "mapped") +
+                                      param("TORCHLOOM_GRAPHS", "true"));
+    add_mlp("gpu_streamed_graphed", gpu0 + param("TORCHLOOM_RESIDENCY", "streamed") +
+                                        param("TORCHLOOM_GRAPHS", "true"));
+    // Asks for as many GiB as its first input says: 1000 runs out of device memory.
+    add_script("gpu_oom", R"(
+def forward(self, x):
+    scratch = torch.zeros([int(x[0, 0].item()) * 268435456], device=x.device)
+    return x + scratch.sum()
+)",
+               "max_batch_size: 8\n" + std::string(R"(
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+)") + gpu0);
+    // A 256 MiB output: what the caching allocator keeps of it shows whether the cache was
+    // emptied after the response (outputs freed) or before.
+    const std::string big = R"(
+def forward(self, x):
+    return x.repeat(1, 16777216)
+)";
+    const std::string big_io = R"(max_batch_size: 1
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 67108864 ] } ]
+instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]
+)";
+    add_script("gpu_clean", big, big_io + param("ENABLE_CACHE_CLEANING", "true"));
+    add_script("gpu_unload", big, big_io);
+  }
+
   void add_mlp_config(const std::string& name, const std::string& io) {
     const fs::path d = dir / name;
     fs::create_directories(d / "1");
@@ -317,6 +371,7 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]
     add.define("def forward(self, x, y):\n    return x + y\n");
     add_defect_models();
     add_string_models();
+    add_gpu_models();
     // A config on disk that torchloom refuses, and configurations given through the load
     // API instead (see "the model configuration Triton hands the backend").
     add_mlp("override",
@@ -981,6 +1036,321 @@ TEST_CASE("the string wire format: read exactly, written back the same", "[trito
                         torchloom::errc::bad_input, "left over");
   CHECK_TORCHLOOM_ERROR(tlb::read_strings("m", "s", wire.data(), wire.size() - 1, 3, more),
                         torchloom::errc::bad_input, "string 2", "300 bytes");
+}
+
+// --- On a GPU core ([cuda]: skipped without a GPU or with a CPU-only Triton core) ----------
+
+#define REQUIRE_GPU_CORE()                                                      \
+  do {                                                                          \
+    TORCHLOOM_REQUIRE_CUDA();                                                   \
+    if (!TORCHLOOM_TRITON_GPU_CORE) {                                           \
+      TORCHLOOM_CATCH_SKIP("the Triton kit's core was built without GPU support"); \
+    }                                                                           \
+  } while (false)
+
+#if TORCHLOOM_HAS_CUDA
+// Response buffers in device memory (the client's allocator says where outputs go).
+const tt::output_memory& device_outputs() {
+  static const tt::output_memory memory{
+      [](std::size_t bytes, TRITONSERVER_MemoryType* type, std::int64_t* id) {
+        *type = TRITONSERVER_MEMORY_GPU;
+        *id = 0;
+        void* p = nullptr;
+        if (cudaMalloc(&p, bytes) != cudaSuccess) throw std::bad_alloc();
+        return p;
+      },
+      [](void* buffer, TRITONSERVER_MemoryType, std::int64_t) { cudaFree(buffer); },
+      [](void* host, const void* buffer, std::size_t bytes, TRITONSERVER_MemoryType,
+         std::int64_t) { cudaMemcpy(host, buffer, bytes, cudaMemcpyDeviceToHost); }};
+  return memory;
+}
+
+std::int64_t reserved_bytes() {
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+  return stats.reserved_bytes[0].current;  // all pools
+}
+#endif
+
+// The MLP through one model, against the runner called directly on the CPU: 4 threads, each
+// with batches of 1 and 3, enough runs for graphed<...> to capture and replay.
+void check_gpu_model(const std::string& model) {
+  INFO(model);
+  const auto err = core().load(model);
+  INFO((err ? err->message : std::string()));
+  REQUIRE_FALSE(err.has_value());
+  std::atomic<int> bad{0};
+  std::mutex mutex;
+  std::string first;
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 4; ++t) {
+    clients.emplace_back([&, t] {
+      for (int i = 0; i < 12; ++i) {
+        const at::Tensor x = torch::randn({i % 2 == 0 ? 1 : 3, 64});
+        const auto r = core().infer(model, {float_input("x", x)});
+        std::string why;
+        if (r.error) {
+          why = r.error->message;
+        } else if (!torch::allclose(output_tensor(r), direct_mlp().run({x}).at(0), 1e-4, 1e-5)) {
+          why = "output differs from the runner on the CPU";
+        }
+        if (!why.empty()) {
+          ++bad;
+          std::lock_guard lock(mutex);
+          if (first.empty()) first = "thread " + std::to_string(t) + ": " + why;
+        }
+      }
+    });
+  }
+  for (auto& c : clients) c.join();
+  INFO(first);
+  CHECK(bad == 0);
+  core().unload(model);
+}
+
+TEST_CASE("KIND_GPU instances: inputs and outputs in host or device memory", "[triton][cuda]") {
+  REQUIRE_GPU_CORE();
+#if TORCHLOOM_HAS_CUDA
+  require_loaded("gpu_mlp");
+  const at::Tensor x = torch::randn({3, 64});
+  const at::Tensor expected = direct_mlp().run({x}).at(0);
+  const at::Tensor x_gpu = x.to(torch::kCUDA);
+  torch::cuda::synchronize();
+  tt::tensor_in in_gpu = float_input("x", x_gpu);
+  in_gpu.memory_type = TRITONSERVER_MEMORY_GPU;
+  tt::request_options to_gpu;
+  to_gpu.memory = &device_outputs();
+  struct route {
+    const char* what;
+    tt::tensor_in in;
+    tt::request_options options;
+    TRITONSERVER_MemoryType out;
+  };
+  const std::vector<route> routes = {
+      {"host in, host out", float_input("x", x), {}, TRITONSERVER_MEMORY_CPU},
+      {"device in, host out", in_gpu, {}, TRITONSERVER_MEMORY_CPU},
+      {"host in, device out", float_input("x", x), to_gpu, TRITONSERVER_MEMORY_GPU},
+      {"device in, device out", in_gpu, to_gpu, TRITONSERVER_MEMORY_GPU},
+  };
+  for (const auto& rt : routes) {
+    INFO(rt.what);
+    for (int i = 0; i < 4; ++i) {
+      const auto r = core().infer("gpu_mlp", {rt.in}, rt.options);
+      INFO(error_text(r));
+      REQUIRE_FALSE(r.error.has_value());
+      CHECK(r.outputs[0].memory_type == rt.out);
+      CHECK(torch::allclose(output_tensor(r), expected, 1e-4, 1e-5));
+    }
+  }
+#endif
+}
+
+TEST_CASE("every stream policy, graphed or not, and every residency, chosen by parameters",
+          "[triton][cuda]") {
+  REQUIRE_GPU_CORE();
+  for (const std::string model :
+       {"gpu_caller", "gpu_caller_graphed", "gpu_pool", "gpu_pool_graphed", "gpu_adaptive",
+        "gpu_adaptive_graphed", "gpu_green", "gpu_green_graphed", "gpu_shared", "gpu_streamed",
+        "gpu_mapped", "gpu_mapped_graphed"}) {
+    check_gpu_model(model);
+  }
+  // Graphs replay fixed copies; streamed weights move at every run.
+  REQUIRE(core().load("gpu_streamed_graphed").has_value());
+  INFO(core().reason("gpu_streamed_graphed"));
+  CHECK(contains(core().reason("gpu_streamed_graphed"), "TORCHLOOM_GRAPHS"));
+}
+
+TEST_CASE("KIND_MODEL without TORCHLOOM_DEVICE runs where the model was saved",
+          "[triton][cuda]") {
+  REQUIRE_GPU_CORE();
+  // Saved on cuda:0; it says where its weights are.
+  torch::jit::Module m("placed");
+  m.register_parameter("w", torch::ones({4}).to(torch::kCUDA), false);
+  m.define(R"(
+def forward(self, x):
+    return x * self.w, torch.full([x.size(0), 1], 1.0 if self.w.is_cuda else 0.0)
+)");
+  torchloom_test::write_triton_model(repo().model("gpu_placed"), m, R"(name: "gpu_placed"
+backend: "torchloom"
+max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] },
+         { name: "on_gpu" data_type: TYPE_FP32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_MODEL } ]
+)");
+  require_loaded("gpu_placed");
+  const at::Tensor x = torch::randn({2, 4});
+  const auto r = core().infer("gpu_placed", {float_input("x", x)});
+  INFO(error_text(r));
+  REQUIRE_FALSE(r.error.has_value());
+  CHECK(torch::equal(output_tensor(r, 0), x));
+  CHECK(torch::equal(output_tensor(r, 1), torch::ones({2, 1})));
+}
+
+TEST_CASE("an instance group changed in place: new instances use their own kind",
+          "[triton][cuda]") {
+  REQUIRE_GPU_CORE();
+  const auto config = [](const std::string& group) {
+    return "name: \"gpu_regroup\"\nbackend: \"torchloom\"\n" + std::string(mlp_io) + group;
+  };
+  const fs::path dir = repo().model("gpu_regroup");
+  fs::create_directories(dir / "1");
+  fs::copy_file(fs::path(TORCHLOOM_BUNDLED_MODEL_DIR) / "1" / "model.pt", dir / "1" / "model.pt",
+                fs::copy_options::overwrite_existing);
+  write_file(dir / "config.pbtxt",
+             config("instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]\n"));
+  require_loaded("gpu_regroup");
+  // Only the instance group changes: Triton keeps the model and adds the new instances.
+  write_file(dir / "config.pbtxt", config("instance_group [ { kind: KIND_CPU count: 2 } ]\n"));
+  const auto err = core().load("gpu_regroup");
+  INFO((err ? err->message : std::string()));
+  REQUIRE_FALSE(err.has_value());
+  const at::Tensor x = torch::randn({2, 64});
+  const auto r = core().infer("gpu_regroup", {float_input("x", x)});
+  INFO(error_text(r));
+  REQUIRE_FALSE(r.error.has_value());
+  CHECK(torch::allclose(output_tensor(r), direct_mlp().run({x}).at(0), 1e-4, 1e-5));
+  core().unload("gpu_regroup");
+}
+
+TEST_CASE("ENABLE_CACHE_CLEANING empties the cache once the outputs are freed; unload does",
+          "[triton][cuda]") {
+  REQUIRE_GPU_CORE();
+#if TORCHLOOM_HAS_CUDA
+  const at::Tensor x = torch::ones({1, 4});
+  require_loaded("gpu_clean");
+  REQUIRE_FALSE(core().infer("gpu_clean", {float_input("x", x)}).error.has_value());
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  const std::int64_t before = reserved_bytes();
+  const auto r = core().infer("gpu_clean", {float_input("x", x)});
+  INFO(error_text(r));
+  REQUIRE_FALSE(r.error.has_value());
+  CHECK(r.outputs[0].data.size() == std::size_t{256} << 20);
+  // The 256 MiB output went back to the cache after the response, and the cache was emptied
+  // after that (emptied before, it would keep the block).
+  CHECK(reserved_bytes() <= before);
+  core().unload("gpu_clean");
+
+  // Unloading empties the cache whatever the model says: the weights and the cached output
+  // of the last run go back to the device.
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  const std::int64_t idle = reserved_bytes();
+  require_loaded("gpu_unload");
+  REQUIRE_FALSE(core().infer("gpu_unload", {float_input("x", x)}).error.has_value());
+  CHECK(reserved_bytes() > idle);
+  core().unload("gpu_unload");
+  CHECK(reserved_bytes() <= idle);
+#endif
+}
+
+TEST_CASE("a request that runs out of device memory fails alone; the next one is served",
+          "[triton][cuda]") {
+  REQUIRE_GPU_CORE();
+  require_loaded("gpu_oom");
+  const at::Tensor huge = torch::full({1, 4}, 1000.0f);  // 1000 GiB of scratch
+  const auto r = core().infer("gpu_oom", {float_input("x", huge)});
+  REQUIRE(r.error.has_value());
+  INFO(r.error->message);
+  CHECK(contains(r.error->message, "model 'gpu_oom'"));
+  CHECK(contains(r.error->message, "out of memory"));
+  const at::Tensor small = torch::zeros({2, 4});
+  const auto ok = core().infer("gpu_oom", {float_input("x", small)});
+  INFO(error_text(ok));
+  REQUIRE_FALSE(ok.error.has_value());
+  CHECK(torch::equal(output_tensor(ok), small));
+}
+
+// Malformed requests: Triton's checks and the backend's refuse them before anything runs.
+void check_malformed_requests(const std::string& model) {
+  INFO(model);
+  require_loaded(model);
+  const auto executions = core().counter(model, "execution_count");
+  const auto inferences = core().counter(model, "inference_count");
+  const at::Tensor ints = torch::zeros({1, 64}, torch::kInt);
+  const at::Tensor narrow = torch::zeros({1, 63});
+  const at::Tensor too_many = torch::zeros({65, 64});
+  // 1 GiB of input that no one may read: mapped without access.
+  const std::size_t gib = std::size_t{1} << 30;
+  void* region = ::mmap(nullptr, gib, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                        -1, 0);
+  REQUIRE(region != MAP_FAILED);
+  struct unmap {
+    void* p;
+    std::size_t n;
+    ~unmap() { ::munmap(p, n); }
+  } unmapped{region, gib};
+  struct malformed {
+    const char* what;
+    std::vector<tt::tensor_in> inputs;
+  };
+  const std::vector<malformed> cases = {
+      {"wrong dtype", {{"x", TRITONSERVER_TYPE_INT32, {1, 64}, ints.data_ptr(), ints.nbytes()}}},
+      {"wrong shape", {float_input("x", narrow)}},
+      {"batch beyond max_batch_size", {float_input("x", too_many)}},
+      {"missing input", {}},
+      {"a 1 GiB batch",
+       {{"x", TRITONSERVER_TYPE_FP32, {static_cast<std::int64_t>(gib / 256), 64}, region, gib}}},
+  };
+  for (const auto& c : cases) {
+    INFO(c.what);
+    const auto r = core().infer(model, c.inputs);
+    REQUIRE(r.error.has_value());
+    INFO(r.error->message);
+    CHECK(r.error->code == TRITONSERVER_ERROR_INVALID_ARG);
+  }
+  CHECK(core().counter(model, "execution_count") == executions);
+  CHECK(core().counter(model, "inference_count") == inferences);
+  CHECK(core().ready(model));
+}
+
+TEST_CASE("malformed requests get INVALID_ARG and never run the model", "[triton]") {
+  check_malformed_requests("mlp");
+}
+
+TEST_CASE("malformed requests never reach the GPU", "[triton][cuda]") {
+  REQUIRE_GPU_CORE();
+  check_malformed_requests("gpu_mlp");
+}
+
+TEST_CASE("a parameter torchloom does not read fails the load, unless the config says to "
+          "ignore it",
+          "[triton]") {
+  const std::string foreign =
+      "parameters { key: \"MY_TOOL_SETTING\" value { string_value: \"7\" } }\n";
+  repo().add_mlp("foreign_key", foreign);
+  REQUIRE(core().load("foreign_key").has_value());
+  INFO(core().reason("foreign_key"));
+  CHECK(contains(core().reason("foreign_key"), "MY_TOOL_SETTING"));
+  CHECK(contains(core().reason("foreign_key"), "TORCHLOOM_IGNORE_PARAMETERS"));
+  repo().add_mlp("foreign_ignored",
+                 foreign + "parameters { key: \"TORCHLOOM_IGNORE_PARAMETERS\" value { "
+                           "string_value: \"OTHER; MY_TOOL_SETTING\" } }\n");
+  require_loaded("foreign_ignored");
+  const at::Tensor x = torch::randn({1, 64});
+  const auto r = core().infer("foreign_ignored", {float_input("x", x)});
+  REQUIRE_FALSE(r.error.has_value());
+  CHECK(torch::equal(output_tensor(r), direct_mlp().run({x}).at(0)));
+}
+
+TEST_CASE("TORCHLOOM_GRAPHS: a boolean; without CUDA in the build, refused saying why",
+          "[triton]") {
+  const auto param = [](const std::string& v) {
+    return "parameters { key: \"TORCHLOOM_GRAPHS\" value { string_value: \"" + v + "\" } }\n";
+  };
+  repo().add_mlp("graphs_maybe", param("maybe"));
+  REQUIRE(core().load("graphs_maybe").has_value());
+  INFO(core().reason("graphs_maybe"));
+  CHECK(contains(core().reason("graphs_maybe"), "TORCHLOOM_GRAPHS='maybe' is not a boolean"));
+  repo().add_mlp("graphs_cpu", "instance_group [ { kind: KIND_CPU } ]\n" + param("true"));
+  const auto err = core().load("graphs_cpu");
+  if (TORCHLOOM_HAS_CUDA) {
+    // A CPU instance of a GPU build: graphed<...> is a no-op there, and the model serves.
+    INFO((err ? err->message : std::string()));
+    CHECK_FALSE(err.has_value());
+  } else {
+    REQUIRE(err.has_value());
+    INFO(core().reason("graphs_cpu"));
+    CHECK(contains(core().reason("graphs_cpu"), "no CUDA"));
+  }
 }
 
 // --- The backend's logic on its own ---------------------------------------------------------
