@@ -658,10 +658,16 @@ class instance_state : public tb::BackendModelInstance {
     return {{TRITONSERVER_MEMORY_CPU_PINNED, 0}, {TRITONSERVER_MEMORY_CPU, 0}};
   }
 
-  // Waits for the copies the collector or the responder queued (they say so).
+  // Waits for the copies the collector or the responder queued (they say so), on Triton's
+  // stream of the instance (the default stream for others). A device error that surfaces
+  // here fails the batch.
   void synchronize() {
 #ifdef TRITON_ENABLE_GPU
-    cudaStreamSynchronize(CudaStream());
+    if (const cudaError_t err = cudaStreamSynchronize(CudaStream()); err != cudaSuccess) {
+      throw error(errc::cuda_error, model_->spec().name,
+                  detail::concat("waiting for the input and output copies: ",
+                                 cudaGetErrorString(err)));
+    }
 #endif
   }
 
@@ -671,7 +677,7 @@ class instance_state : public tb::BackendModelInstance {
     if (!device_.is_cuda()) return;
 #ifdef TRITON_ENABLE_GPU
     if (CudaStream() != nullptr) {
-      cudaStreamSynchronize(CudaStream());
+      synchronize();
       return;
     }
 #endif

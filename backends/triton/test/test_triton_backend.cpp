@@ -356,6 +356,8 @@ instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]
             "instance_group [ { kind: KIND_MODEL } ]\n"
             "parameters { key: \"TORCHLOOM_DEVICE\" value { string_value: \"cpu\" } }\n"
             "parameters { key: \"TORCHLOOM_STREAM\" value { string_value: \"pool\" } }\n");
+    // KIND_MODEL without TORCHLOOM_DEVICE: where the model was saved (the CPU, here).
+    add_mlp("mlp_model_saved", "instance_group [ { kind: KIND_MODEL count: 2 } ]\n");
     add_mlp("bad_key", "parameters { key: \"INTRA_OP_THREADS\" value { string_value: \"2\" } }\n");
     add_mlp("bad_policy",
             "parameters { key: \"TORCHLOOM_STREAM\" value { string_value: \"fastest\" } }\n");
@@ -555,7 +557,7 @@ TEST_CASE("dynamic batching runs fewer executions than requests, every answer ri
 
 TEST_CASE("instances that share weights, and KIND_MODEL on the named device, answer right",
           "[triton]") {
-  for (const std::string model : {"mlp_shared", "mlp_model_kind"}) {
+  for (const std::string model : {"mlp_shared", "mlp_model_kind", "mlp_model_saved"}) {
     INFO(model);
     require_loaded(model);
     const mlp_cases cases(4);
