@@ -13,7 +13,7 @@
 
 #include "any_runner.hpp"
 #include "backend_errors.hpp"
-#include "io_names.hpp"
+#include "io_binding.hpp"
 #include "string_tensors.hpp"
 #include "triton/backend/backend_common.h"
 #include "triton/backend/backend_input_collector.h"

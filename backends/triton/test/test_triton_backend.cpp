@@ -22,7 +22,7 @@
 
 #include "backend_errors.hpp"
 #include "in_process_triton.hpp"
-#include "io_names.hpp"
+#include "io_binding.hpp"
 #include "string_tensors.hpp"
 
 #include <dlfcn.h>

@@ -25,25 +25,25 @@ namespace detail {
 
 //! A JSON value: null, a boolean, a number (its text), a string, an array or an object
 //! (members in order).
-struct json_value {
+struct config_json_value {
   enum class type { null, boolean, number, string, array, object } kind = type::null;
   std::string text;  //!< a number's digits, a string's characters, "true"/"false"
-  std::vector<json_value> items;
-  std::vector<std::pair<std::string, json_value>> members;
+  std::vector<config_json_value> items;
+  std::vector<std::pair<std::string, config_json_value>> members;
 };
 
 //! A strict JSON parser (RFC 8259): no comments, no trailing commas, no duplicate keys,
 //! strings in UTF-8 with `\uXXXX` escapes (surrogate pairs joined). Nesting and size are
 //! bounded as pb_parser bounds them. Throws invalid_option saying where and why.
-class json_parser {
+class config_json_parser {
  public:
-  explicit json_parser(std::string_view text) : text_(text) {}
+  explicit config_json_parser(std::string_view text) : text_(text) {}
 
-  json_value parse() {
+  config_json_value parse() {
     if (text_.size() > max_config_bytes) {
       fail(concat("the configuration is larger than ", max_config_bytes, " bytes"));
     }
-    json_value v = value(0);
+    config_json_value v = value(0);
     skip_space();
     if (pos_ != text_.size()) fail("text after the end of the configuration");
     return v;
@@ -75,15 +75,15 @@ class json_parser {
     if (!eat(c)) fail(concat("expected '", std::string(1, c), "'"));
   }
 
-  json_value value(std::size_t depth) {
+  config_json_value value(std::size_t depth) {
     if (depth > pb_limits::max_depth) fail("nested too deep");
     skip_space();
     if (pos_ >= text_.size()) fail("expected a value, found the end");
-    json_value v;
+    config_json_value v;
     const char c = text_[pos_];
     if (c == '{') {
       ++pos_;
-      v.kind = json_value::type::object;
+      v.kind = config_json_value::type::object;
       if (eat('}')) return v;
       do {
         skip_space();
@@ -98,23 +98,23 @@ class json_parser {
       expect('}');
     } else if (c == '[') {
       ++pos_;
-      v.kind = json_value::type::array;
+      v.kind = config_json_value::type::array;
       if (eat(']')) return v;
       do {
         v.items.push_back(value(depth + 1));
       } while (eat(','));
       expect(']');
     } else if (c == '"') {
-      v.kind = json_value::type::string;
+      v.kind = config_json_value::type::string;
       v.text = string();
     } else if (text_.substr(pos_, 4) == "true" || text_.substr(pos_, 5) == "false") {
-      v.kind = json_value::type::boolean;
+      v.kind = config_json_value::type::boolean;
       v.text = c == 't' ? "true" : "false";
       pos_ += v.text.size();
     } else if (text_.substr(pos_, 4) == "null") {
       pos_ += 4;
     } else {
-      v.kind = json_value::type::number;
+      v.kind = config_json_value::type::number;
       v.text = number();
     }
     return v;
@@ -254,10 +254,11 @@ class json_to_fields {
  public:
   json_to_fields() : schema_(model_config_schema::get()) {}
 
-  pb_field message(const json_value& v, std::string_view type, const std::string& path) const {
+  pb_field message(const config_json_value& v, std::string_view type,
+                   const std::string& path) const {
     pb_field out;
     out.is_message = true;
-    if (v.kind != json_value::type::object) {
+    if (v.kind != config_json_value::type::object) {
       fail(path, "is a message: give an object");
     }
     const auto& fields = schema_.messages.at(type);
@@ -281,14 +282,16 @@ class json_to_fields {
       }
       if (fs->repeated) {
         if (fs->type.rfind("map<", 0) == 0) {
-          if (value.kind != json_value::type::object) fail(where, "is a map: give an object");
+          if (value.kind != config_json_value::type::object) {
+            fail(where, "is a map: give an object");
+          }
           for (const auto& [key, entry] : value.members) {
             pb_field e;
             e.name = name;
             e.is_message = true;
             const auto& entry_fields = schema_.messages.at(fs->type);
-            e.fields.push_back(scalar(json_value{json_value::type::string, key, {}, {}},
-                                      entry_fields[0], "key"));
+            const config_json_value key_value{config_json_value::type::string, key, {}, {}};
+            e.fields.push_back(scalar(key_value, entry_fields[0], "key"));
             const pb_field_schema& vs = entry_fields[1];
             if (vs.kind == pb_kind::message) {
               pb_field m = message(entry, vs.type, concat(where, "[", key, "]"));
@@ -301,7 +304,7 @@ class json_to_fields {
           }
           continue;
         }
-        if (value.kind != json_value::type::array) fail(where, "is repeated: give an array");
+        if (value.kind != config_json_value::type::array) fail(where, "is repeated: give an array");
         for (std::size_t i = 0; i < value.items.size(); ++i) {
           pb_field f = fs->kind == pb_kind::message
                            ? message(value.items[i], fs->type, concat(where, "[", i, "]"))
@@ -313,7 +316,7 @@ class json_to_fields {
         continue;
       }
       if (fs->kind == pb_kind::message) {
-        if (value.kind == json_value::type::null) continue;
+        if (value.kind == config_json_value::type::null) continue;
         pb_field f = message(value, fs->type, where);
         f.name = name;
         out.fields.push_back(std::move(f));
@@ -340,19 +343,20 @@ class json_to_fields {
     return nullptr;
   }
 
-  static bool is_default(const json_value& v) {
+  static bool is_default(const config_json_value& v) {
     switch (v.kind) {
-      case json_value::type::null: return true;
-      case json_value::type::boolean: return v.text == "false";
-      case json_value::type::number: return v.text.find_first_not_of("-0.eE+") == std::string::npos;
-      case json_value::type::string: return v.text.empty();
-      case json_value::type::array: return v.items.empty();
-      case json_value::type::object: return false;
+      case config_json_value::type::null: return true;
+      case config_json_value::type::boolean: return v.text == "false";
+      case config_json_value::type::number:
+        return v.text.find_first_not_of("-0.eE+") == std::string::npos;
+      case config_json_value::type::string: return v.text.empty();
+      case config_json_value::type::array: return v.items.empty();
+      case config_json_value::type::object: return false;
     }
     return false;
   }
 
-  bool is_zero_enum(const json_value& v, const pb_field_schema& fs) const {
+  bool is_zero_enum(const config_json_value& v, const pb_field_schema& fs) const {
     for (const auto& [n, num] : schema_.enums.at(fs.type)) {
       if (num == 0) return v.text == n;
     }
@@ -361,28 +365,28 @@ class json_to_fields {
 
   // A value of the schema's kind, as text format writes it: strings quoted, numbers,
   // booleans and enum names bare.
-  static pb_field scalar(const json_value& v, const pb_field_schema& fs, std::string name) {
+  static pb_field scalar(const config_json_value& v, const pb_field_schema& fs, std::string name) {
     pb_field f;
     f.name = std::move(name);
     f.scalar = v.text;
-    if (v.kind == json_value::type::object || v.kind == json_value::type::array) {
-      f.is_message = v.kind == json_value::type::object;
-      f.scalar = v.kind == json_value::type::array ? "[...]" : std::string();
+    if (v.kind == config_json_value::type::object || v.kind == config_json_value::type::array) {
+      f.is_message = v.kind == config_json_value::type::object;
+      f.scalar = v.kind == config_json_value::type::array ? "[...]" : std::string();
       return f;
     }
     // Protobuf's JSON gives 64-bit integers (and accepts any number, and enum names) as
     // strings: the schema says what the field is.
     const bool numeric = fs.kind != pb_kind::string;
-    f.quoted = v.kind == json_value::type::string && !numeric;
+    f.quoted = v.kind == config_json_value::type::string && !numeric;
     return f;
   }
 
-  static pb_field generic(const json_value& v, std::string name) {
+  static pb_field generic(const config_json_value& v, std::string name) {
     pb_field f;
     f.name = std::move(name);
-    f.is_message = v.kind == json_value::type::object;
+    f.is_message = v.kind == config_json_value::type::object;
     f.scalar = v.text;
-    f.quoted = v.kind == json_value::type::string;
+    f.quoted = v.kind == config_json_value::type::string;
     return f;
   }
 
@@ -405,7 +409,8 @@ inline triton_config parse_triton_config_json(std::string_view json,
   root.is_message = true;
   if (detail::trim(json).empty()) return detail::checked_triton_config(root, source);
   try {
-    root = detail::json_to_fields().message(detail::json_parser(json).parse(), "ModelConfig", "");
+    root = detail::json_to_fields().message(detail::config_json_parser(json).parse(),
+                                            "ModelConfig", "");
   } catch (const error& e) {
     throw error(e.code(), {}, detail::concat(src, ": ", e.message()));
   }
