@@ -26,6 +26,10 @@ compile time through inductor_configs={"aot_inductor.metadata": {...}}. torchloo
 aoti_loader reads it back; declared_inputs() in torchloom_export.py is how to make it for any
 exported program.
 
+slow_cuda (CUDA) is a chain of 30 products of a [2048, 2048] input with one [2048, 2048]
+weight, each followed by tanh: milliseconds of GPU work per call, for the tests of what the
+host does while a call still runs.
+
 The stream_* fixtures (CUDA) are made by torchloom_export.export_model with offload on: a
 config.pbtxt, the package (no constants inside, every weight read through
 torchloom::stream_weight) and 1/weights.pt, for streamed_weights:
@@ -53,7 +57,7 @@ import fixture_stamp  # noqa: E402
 from torchloom_export import TensorBuffers, declared_inputs, export_model  # noqa: E402
 
 FIXTURES = ("mlp_cpu", "mlp_cuda", "two_inputs_cuda", "lookup_cpu", "stream_mlp_cuda",
-            "stream_fused_cuda")
+            "stream_fused_cuda", "slow_cuda")
 LOOKUP_WIDTH = 4  # the width of the hook tests' embedding tables
 FEATURES = 64  # the MLPs' input width (the C++ tests use it)
 STREAM_WIDTH = 512  # stream_fused_cuda's width
@@ -70,6 +74,22 @@ class Mlp(nn.Module):
 
     def forward(self, x):
         return self.fc2(torch.relu(self.fc1(x)))
+
+
+class SlowChain(nn.Module):
+    """30 products of a [2048, 2048] input with one [2048, 2048] weight, each followed by tanh:
+    milliseconds of GPU work, so the host can act while a call still runs."""
+
+    def __init__(self, width=2048, steps=30):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(width, width) / width ** 0.5)
+        self.steps = steps
+
+    def forward(self, x):
+        y = x
+        for _ in range(self.steps):
+            y = torch.tanh(y @ self.w)
+        return y
 
 
 class TwoInputs(nn.Module):
@@ -229,6 +249,8 @@ def main(argv):
               (torch.randn(8, 16), torch.randint(0, 100, (8, 4))),
               (torch.randn(5, 16), torch.randint(0, 100, (5, 4))),
               {"x": {0: batch}, "ids": {0: batch}}, "cuda", declare_in_metadata=True)
+        build(outdir, "slow_cuda", SlowChain(), (torch.rand(2048, 2048),), None, None, "cuda",
+              declare_in_metadata=True)
         build_streamed(outdir, "stream_mlp_cuda", StreamMlp(),
                        (torch.randn(8, STREAM_MLP_WIDTH),), (torch.randn(5, STREAM_MLP_WIDTH),))
         build_streamed(outdir, "stream_fused_cuda", StreamFused(),

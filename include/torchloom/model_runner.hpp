@@ -116,6 +116,12 @@ class model_runner {
   model_runner(const model_runner&) = delete;
   model_runner& operator=(const model_runner&) = delete;
 
+  //! Waits for the work the runner's runs queued on its device (on a CUDA device: the device's
+  //! queued work, see detail::runner_core::drain), then destroys its parts in reverse order:
+  //! the residency state and the model, the stream policy, the hook (its fini), the op
+  //! libraries. Outputs already handed out stay valid.
+  ~model_runner() { core_.drain(); }
+
   //! Runs the model and returns its output tensors (a tuple or list output is flattened).
   //! CPU inputs are moved to the runner's device. Throws bad_input (nothing is launched and
   //! the runner stays usable), run_failed (torch raised while running; its message is kept).

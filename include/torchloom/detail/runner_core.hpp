@@ -11,6 +11,8 @@
 
 #if TORCHLOOM_HAS_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
 #endif
 
 #include <charconv>
@@ -161,6 +163,23 @@ class runner_core {
     auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
     if (ec != std::errc{} || end != digits.data() + digits.size()) return std::nullopt;
     return v;
+  }
+
+  //! Before the runner's parts go: waits on the host for the work queued on the runner's
+  //! device, so that nothing the runs read (the weights, a mapped policy's pinned memory, a
+  //! hook's tables) is freed or handed to the next load while kernels still read it. The
+  //! runner cannot tell which streams its runs went to (the caller's, the pool's), so it
+  //! waits for the device. Errors are dropped: a destructor has no one to report them to.
+  void drain() const noexcept {
+#if TORCHLOOM_HAS_CUDA
+    if (!device_.is_cuda()) return;
+    try {
+      const c10::cuda::CUDAGuard on(device_);
+      if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
+    } catch (const std::exception&) {
+      (void)0;
+    }
+#endif
   }
 
   //! Work after every run: ENABLE_CACHE_CLEANING.

@@ -52,8 +52,9 @@ namespace torchloom {
 //! A loaded AOTInductor package and what it declares.
 struct aoti_model {
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> package;
-  //! Set when the package was loaded for CUDA graph capture (load_context::graph_capture):
-  //! torch's single-threaded runner takes no lock, so runs take this one.
+  //! Set when the package runs on torch's single-threaded runner (AOTI_NUM_RUNNERS=1, or CUDA
+  //! graph capture): that runner takes no lock, so runs take this one, for the host's part of
+  //! a call only (the launch; the GPU work of two calls on two streams still overlaps).
   std::unique_ptr<std::mutex> single_run;
   input_signature inputs;  //!< count and names from the package, dtype/shape where declared
   std::unordered_map<std::string, std::string> metadata;  //!< the package's metadata map
@@ -99,10 +100,13 @@ std::unique_ptr<PackageLoader> make_package_loader(const std::string& model,
                                                    std::size_t num_runners, c10::Device device,
                                                    bool single_threaded = false) {
   const auto index = device.is_cuda() ? device.index() : c10::DeviceIndex{-1};
-  // Normally false: run() may be called from several threads at once, and torch's
-  // single-threaded mode takes no lock. True for CUDA graph capture: the threaded runner
-  // records an event per run and queries it before the next, and an event recorded in a
-  // capture cannot be queried afterwards; the single-threaded runner keeps no such state.
+  // True with one runner, and for CUDA graph capture: torch's threaded container records an
+  // event per run on its model instance and, to hand that instance to the next call, waits
+  // on the host for it (so back-to-back calls each wait for the GPU to finish the one before,
+  // and calls from several streams never overlap), and an event recorded in a capture cannot
+  // be waited on afterwards. The single-threaded runner keeps no such state but takes no lock:
+  // the caller takes one (aoti_model::single_run). False for several runners, which run at
+  // once on instances of their own.
   using str = const std::string&;
   if constexpr (std::is_constructible_v<PackageLoader, str, str, bool, std::size_t,
                                         c10::DeviceIndex>) {
@@ -213,7 +217,10 @@ inline std::mutex& package_load_mutex() {
 //! Loads an AOTInductor package (`.pt2`, made by `torch._inductor.aoti_compile_and_package`)
 //! with `torch::inductor::AOTIModelPackageLoader`, and runs it on the stream the stream
 //! policy chose. Options: AOTI_MODEL_NAME (the model inside the package, default "model"),
-//! AOTI_NUM_RUNNERS (how many run() calls may execute at once; more wait). The package must
+//! AOTI_NUM_RUNNERS (1, the default: torch's single-threaded runner behind a lock held for a
+//! call's launch only, so calls from several streams overlap on the GPU and none waits on the
+//! host for the one before; N > 1: torch's container of N model instances, each of which waits
+//! on the host for its previous call before it takes the next). The package must
 //! have been compiled for the runner's device type (cpu or cuda); a CUDA package runs on the
 //! runner's GPU index.
 //!
@@ -271,6 +278,7 @@ struct aoti_loader {
     }
     const aoti_options& opts = ctx.spec.options;
     model_type m;
+    const bool single_threaded = ctx.graph_capture || opts.aoti_num_runners.value == 1;
     std::vector<std::string> call_spec;
     std::optional<std::vector<std::string>> container;
     try {
@@ -281,8 +289,8 @@ struct aoti_loader {
       if (ctx.device.is_cuda()) on_device.emplace(ctx.device);
       m.package = detail::make_package_loader<torch::inductor::AOTIModelPackageLoader>(
           name, file, opts.aoti_model_name, static_cast<std::size_t>(opts.aoti_num_runners),
-          ctx.device, ctx.graph_capture);
-      if (ctx.graph_capture) m.single_run = std::make_unique<std::mutex>();
+          ctx.device, single_threaded);
+      if (single_threaded) m.single_run = std::make_unique<std::mutex>();
       m.metadata = m.package->get_metadata();
       call_spec = m.package->get_call_spec();
       container = detail::container_inputs::read(m.package->get_runner());

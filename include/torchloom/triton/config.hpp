@@ -4,6 +4,7 @@
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
 
+#include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
 #include <fcntl.h>
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -252,10 +254,12 @@ inline triton_config parse_triton_config(std::string_view text,
     }
     for (const auto* gpu : g->all("gpus")) {
       const std::int64_t id = detail::pb_int(*gpu, src);
-      if (id < 0) {
+      // torch's device index is 8 bits wide: a larger one would wrap round to another GPU.
+      constexpr std::int64_t max_gpu = std::numeric_limits<c10::DeviceIndex>::max();
+      if (id < 0 || id > max_gpu) {
         throw error(errc::invalid_option, {},
                     detail::concat(src, ":", gpu->line, ": instance_group gpus: ", id,
-                                   " is not a GPU index"));
+                                   " is not a GPU index (0 to ", max_gpu, ")"));
       }
       if (ig.kind == "KIND_CPU" || ig.kind == "KIND_MODEL") {
         throw error(errc::invalid_option, {},

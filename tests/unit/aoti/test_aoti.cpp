@@ -17,6 +17,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #if TORCHLOOM_HAS_CUDA
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #endif
 
@@ -365,6 +366,45 @@ TEST_CASE("AOTI CUDA: green_context_stream orders the run after the caller's wor
   TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "mlp_cuda");
   check_stream_ordering<torchloom::green_context_stream>(
       dir, model_spec::from_directory(dir).set("GREEN_CONTEXT_SM_COUNT", "16"));
+}
+#endif
+
+#if TORCHLOOM_HAS_CUDA
+// torch's threaded model container (AOTI_NUM_RUNNERS=1, the default) takes its one model
+// instance back with a host wait on the instance's previous run: back-to-back calls block
+// until the GPU has finished the call before, and pool_stream threads never overlap. A
+// second call must return while the first one's kernels still run.
+TEST_CASE("AOTI CUDA: a call does not wait on the host for the call before it",
+          "[aoti][cuda][hazards]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "slow_cuda");
+  runner<> r(model_spec::from_directory(dir), c10::Device("cuda:0"));
+  const auto x = torch::rand({2048, 2048}, torch::kCUDA);
+  for (int i = 0; i < 2; ++i) (void)r.run_tensors({x});
+  torch::cuda::synchronize();
+  const c10::Stream stream = pool_cuda_stream();
+  const c10::StreamGuard on(stream);
+  const cudaStream_t s = c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, stream).stream();
+  cudaEvent_t first_done = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&first_done, cudaEventDisableTiming) == cudaSuccess);
+  for (const bool tensors : {true, false}) {
+    INFO((tensors ? "run_tensors" : "run"));
+    if (tensors) {
+      (void)r.run_tensors({x});
+    } else {
+      (void)r.run({x});
+    }
+    REQUIRE(cudaEventRecord(first_done, s) == cudaSuccess);
+    if (tensors) {
+      (void)r.run_tensors({x});
+    } else {
+      (void)r.run({x});
+    }
+    // The first call's kernels take milliseconds: a host wait for them would have ended them.
+    CHECK(cudaEventQuery(first_done) == cudaErrorNotReady);
+    torch::cuda::synchronize();
+  }
+  (void)cudaEventDestroy(first_done);
 }
 #endif
 
