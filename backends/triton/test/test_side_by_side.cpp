@@ -281,6 +281,10 @@ TEST_CASE("the bundled MLP: torchloom answers bitwise as Triton's PyTorch backen
   TORCHLOOM_REQUIRE_PEER();
   twins("mlp", bundled_model(), mlp_body(false));
   check_mlp("mlp");
+  // T15's configuration (graph replays; eager on the CPU): the PyTorch backend ignores the key.
+  twins("mlp_graphed", bundled_model(),
+        mlp_body(false) + parameter("TORCHLOOM_STREAM", "graphed_caller"));
+  check_mlp("mlp_graphed");
 }
 
 TEST_CASE(
@@ -334,6 +338,12 @@ TEST_CASE("on the GPU: KIND_GPU instances of both backends answer bitwise alike"
   TORCHLOOM_REQUIRE_PEER();
   twins("mlp_gpu", bundled_model(), mlp_body(true));
   check_mlp("mlp_gpu");
+  // T15's configuration: torchloom replays CUDA graphs on Triton's stream (from the third
+  // request of a shape on), the PyTorch backend runs eagerly; the bytes must not differ.
+  twins("mlp_gpu_graphed", bundled_model(),
+        mlp_body(true) + parameter("TORCHLOOM_STREAM", "graphed_caller"));
+  check_mlp("mlp_gpu_graphed");
+  check_mlp("mlp_gpu_graphed");
   twins("pair_gpu", pair_model(), pair_body(true));
   const at::Tensor x = torch::rand({2, 8});
   const at::Tensor ids = torch::randint(0, 1000, {2, 4}, torch::kLong);
