@@ -11,6 +11,7 @@
 #include "in_process_triton.hpp"
 #include "side_by_side.hpp"
 
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -104,6 +105,56 @@ inline std::filesystem::path save_model(torch::jit::Module& m, const std::filesy
   const std::filesystem::path file = dir / "model.pt";
   m.save(file.string());
   return file;
+}
+
+//! A `parameters` entry of a config body.
+inline std::string parameter(const std::string& key, const std::string& value) {
+  return "parameters { key: \"" + key + "\" value { string_value: \"" + value + "\" } }\n";
+}
+
+//! The weights model's width: 4 x Linear(1024, 1024) with ReLU between, 16 MiB of float32
+//! weights, written once per process.
+constexpr std::int64_t weights_width = 1024;
+
+inline std::filesystem::path weights_model() {
+  static const std::filesystem::path file = [] {
+    torch::manual_seed(21);
+    torch::jit::Module m("serving_weights");
+    const double scale = 1.0 / 32.0;  // 1 / sqrt(weights_width)
+    for (int i = 1; i <= 4; ++i) {
+      const std::string n = std::to_string(i);
+      m.register_parameter("w" + n, torch::randn({weights_width, weights_width}) * scale, false);
+      m.register_parameter("b" + n, torch::randn({weights_width}) * 0.01, false);
+    }
+    m.define(R"(
+def forward(self, x):
+    h = torch.relu(torch.linear(x, self.w1, self.b1))
+    h = torch.relu(torch.linear(h, self.w2, self.b2))
+    h = torch.relu(torch.linear(h, self.w3, self.b3))
+    return torch.linear(h, self.w4, self.b4)
+)");
+    return save_model(m, core().repository.parent_path() / "files" / "weights");
+  }();
+  return file;
+}
+
+//! The weights model as torchloom model `name`, two instances on the CPU or GPU 0, with
+//! `parameters`.
+inline void write_weights(const std::string& name, bool gpu, const std::string& parameters) {
+  tt::write_model(core().repository, name, "torchloom",
+                  "max_batch_size: 8\n"
+                  "input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 1024 ] } ]\n"
+                  "output [ { name: \"y\" data_type: TYPE_FP32 dims: [ 1024 ] } ]\n" +
+                      std::string("instance_group [ { kind: ") +
+                      (gpu ? "KIND_GPU gpus: [ 0 ]" : "KIND_CPU") + " count: 2 } ]\n" + parameters,
+                  weights_model());
+}
+
+//! What the weights model answers for `x`, computed by torch on the CPU.
+inline at::Tensor weights_reference(const at::Tensor& x) {
+  static torch::jit::Module m = torch::jit::load(weights_model().string());
+  c10::InferenceMode guard;
+  return m.forward({x}).toTensor();
 }
 
 }  // namespace torchloom_serving_test

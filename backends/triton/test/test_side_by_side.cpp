@@ -16,14 +16,22 @@
 #endif
 #include "serving_core.hpp"
 
+#include <torchloom/detail/config.hpp>
+
 #include "support/aoti_fixtures.hpp"
 #include "support/temp_dir.hpp"
 
 #include <torch/cuda.h>
 
+#if TORCHLOOM_HAS_CUDA
+#include <cuda_runtime.h>
+#endif
+
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -90,39 +98,45 @@ std::string instances(bool gpu, int count = 1) {
          " count: " + std::to_string(count) + " } ]\n";
 }
 
-// Writes model `name` twice (NAME_pytorch, NAME_torchloom) from `file` and `body`, once per
-// process, and loads both. `peer_extra` goes into the peer's config only (a platform line).
-void twins(const std::string& name, const fs::path& file, const std::string& body,
-           const std::string& peer_extra = {}) {
+// Writes model `name` once per backend of `backends` (NAME_<backend>) from `file` and `body`,
+// once per process, and loads them. `peer_extra` goes into the peer's config only (a platform
+// line).
+void twins_of(const std::string& name, const fs::path& file, const std::string& body,
+              const std::vector<std::string>& backends, const std::string& peer_extra = {}) {
   static std::mutex mutex;
   static std::vector<std::string> written;
   std::lock_guard lock(mutex);
-  if (std::find(written.begin(), written.end(), name) == written.end()) {
-    tt::write_model(core().repository, tt::twin_name(name, "pytorch"), "pytorch", peer_extra + body,
-                    file);
-    tt::write_model(core().repository, tt::twin_name(name, "torchloom"), "torchloom", body, file);
-    written.push_back(name);
-  }
-  for (const auto& b : both) {
+  for (const auto& b : backends) {
     const std::string model = tt::twin_name(name, b);
+    if (std::find(written.begin(), written.end(), model) == written.end()) {
+      tt::write_model(core().repository, model, b, (b == "pytorch" ? peer_extra : "") + body, file);
+      written.push_back(model);
+    }
     if (!core().server->ready(model)) require_load(model);
   }
 }
 
+// Writes model `name` twice (NAME_pytorch, NAME_torchloom) and loads both.
+void twins(const std::string& name, const fs::path& file, const std::string& body,
+           const std::string& peer_extra = {}) {
+  twins_of(name, file, body, both, peer_extra);
+}
+
 // Why two responses differ (empty when they are bitwise equal): output count, then per output
-// its name, type, shape and bytes.
-std::string difference(const tt::infer_result& peer, const tt::infer_result& ours) {
-  if (peer.error || ours.error) {
-    return "failed: pytorch: " + (peer.error ? peer.error->message : std::string("ok")) +
-           "; torchloom: " + (ours.error ? ours.error->message : std::string("ok"));
+// its name, type, shape and bytes. `a` and `b` name the two in the message.
+std::string difference(const tt::infer_result& first, const tt::infer_result& second,
+                       const std::string& a = "pytorch", const std::string& b = "torchloom") {
+  if (first.error || second.error) {
+    return "failed: " + a + ": " + (first.error ? first.error->message : std::string("ok")) + "; " +
+           b + ": " + (second.error ? second.error->message : std::string("ok"));
   }
-  if (peer.outputs.size() != ours.outputs.size()) {
-    return "pytorch answered " + std::to_string(peer.outputs.size()) + " outputs, torchloom " +
-           std::to_string(ours.outputs.size());
+  if (first.outputs.size() != second.outputs.size()) {
+    return a + " answered " + std::to_string(first.outputs.size()) + " outputs, " + b + " " +
+           std::to_string(second.outputs.size());
   }
-  for (const auto& p : peer.outputs) {
-    const tt::tensor_out* o = output_named(ours, p.name);
-    if (o == nullptr) return "torchloom's answer has no output " + p.name;
+  for (const auto& p : first.outputs) {
+    const tt::tensor_out* o = output_named(second, p.name);
+    if (o == nullptr) return b + "'s answer has no output " + p.name;
     if (o->dtype != p.dtype) return "output " + p.name + ": data types differ";
     if (o->shape != p.shape) return "output " + p.name + ": shapes differ";
     if (o->data != p.data) return "output " + p.name + ": values differ";
@@ -205,10 +219,6 @@ std::string flags_body(bool gpu, const std::string& parameters) {
          "output [ { name: \"OUTPUT__0\" data_type: TYPE_FP32 dims: [ -1, 3 ] },\n"
          "         { name: \"OUTPUT__1\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n" +
          instances(gpu) + parameters;
-}
-
-std::string parameter(const std::string& key, const std::string& value) {
-  return "parameters { key: \"" + key + "\" value { string_value: \"" + value + "\" } }\n";
 }
 
 // What the bundled MLP answers for `x`, computed by torch directly.
@@ -357,6 +367,184 @@ TEST_CASE("on the GPU: KIND_GPU instances of both backends answer bitwise alike"
   CHECK(torch::equal(tensor_of(*output_named(on, "OUTPUT__1")), torch::tensor({1.f, 0.f})));
   CHECK(torch::equal(tensor_of(*output_named(off, "OUTPUT__1")), torch::tensor({0.f, 0.f})));
 }
+
+TEST_CASE(
+    "on the GPU, every stream and residency policy that TORCHLOOM_STREAM and "
+    "TORCHLOOM_RESIDENCY choose serves the model as torch computes it",
+    "[cuda]") {
+  TORCHLOOM_REQUIRE_GPU_CORE();
+  torch::manual_seed(13);
+  const at::Tensor x = torch::rand({2, weights_width});
+  const at::Tensor expected = weights_reference(x);
+  for (const std::string stream :
+       {"caller", "pool", "adaptive", "green", "green_complement", "graphed_caller"}) {
+    for (const std::string residency : {"resident", "shared", "streamed", "mapped"}) {
+      if (stream == "graphed_caller" && residency == "streamed") continue;  // unavailable
+      const std::string model = "policies_" + stream + "_" + residency;
+      std::string parameters =
+          parameter("TORCHLOOM_STREAM", stream) + parameter("TORCHLOOM_RESIDENCY", residency);
+      if (stream.rfind("green", 0) == 0) parameters += parameter("GREEN_CONTEXT_SM_COUNT", "16");
+      if (residency == "streamed") parameters += parameter("WEIGHT_OFFLOAD_BUDGET_MB", "12");
+      write_weights(model, true, parameters);
+      require_load(model);
+      // Three requests of one shape: graphed_caller captures at the third and replays after.
+      for (int i = 0; i < 4; ++i) {
+        INFO(model << ", request " << i);
+        const auto r = core().server->infer(model, {input("x", x)});
+        INFO((r.error ? r.error->message : std::string()));
+        REQUIRE_FALSE(r.error.has_value());
+        REQUIRE(r.outputs.size() == 1);
+        CHECK(torch::allclose(tensor_of(r.outputs[0]), expected, 1e-4, 1e-5));
+      }
+      core().server->unload(model);
+    }
+  }
+}
+
+#if TORCHLOOM_HAS_CUDA
+namespace {
+
+// What a request with its inputs in GPU memory got back: the outputs (copied to the host)
+// and the memory each was in, or the error.
+struct device_answer {
+  tt::infer_result result;
+  std::vector<TRITONSERVER_MemoryType> memory;
+};
+
+TRITONSERVER_Error* device_alloc(TRITONSERVER_ResponseAllocator*, const char*, std::size_t size,
+                                 TRITONSERVER_MemoryType, std::int64_t, void*, void** buffer,
+                                 void** buffer_userp, TRITONSERVER_MemoryType* type,
+                                 std::int64_t* id) {
+  *buffer = nullptr;
+  *buffer_userp = nullptr;
+  *type = TRITONSERVER_MEMORY_GPU;
+  *id = 0;
+  if (size > 0 && cudaMalloc(buffer, size) != cudaSuccess) {
+    return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "cudaMalloc failed");
+  }
+  return nullptr;
+}
+
+TRITONSERVER_Error* device_release(TRITONSERVER_ResponseAllocator*, void* buffer, void*,
+                                   std::size_t, TRITONSERVER_MemoryType, std::int64_t) {
+  if (buffer != nullptr) cudaFree(buffer);
+  return nullptr;
+}
+
+// Sends `model` one request with input `name` in GPU memory (`x`, a CUDA tensor) and asks
+// for its outputs in GPU memory.
+device_answer infer_on_device(const std::string& model, const std::string& name,
+                              const at::Tensor& x) {
+  TRITONSERVER_ResponseAllocator* allocator = nullptr;
+  tt::check(TRITONSERVER_ResponseAllocatorNew(&allocator, device_alloc, device_release, nullptr),
+            "ResponseAllocatorNew");
+  std::unique_ptr<TRITONSERVER_ResponseAllocator,
+                  TRITONSERVER_Error* (*)(TRITONSERVER_ResponseAllocator*)>
+      allocator_guard(allocator, TRITONSERVER_ResponseAllocatorDelete);
+  TRITONSERVER_InferenceRequest* req = nullptr;
+  tt::check(TRITONSERVER_InferenceRequestNew(&req, core().server->get(), model.c_str(), -1),
+            "RequestNew");
+  const std::vector<std::int64_t> shape = x.sizes().vec();
+  tt::check(TRITONSERVER_InferenceRequestAddInput(req, name.c_str(), TRITONSERVER_TYPE_FP32,
+                                                  shape.data(), shape.size()),
+            "AddInput");
+  tt::check(TRITONSERVER_InferenceRequestAppendInputData(req, name.c_str(), x.data_ptr(),
+                                                         x.nbytes(), TRITONSERVER_MEMORY_GPU, 0),
+            "AppendInputData");
+  std::promise<void> released;
+  tt::check(TRITONSERVER_InferenceRequestSetReleaseCallback(
+                req,
+                [](TRITONSERVER_InferenceRequest* r, const std::uint32_t, void* p) {
+                  TRITONSERVER_InferenceRequestDelete(r);
+                  static_cast<std::promise<void>*>(p)->set_value();
+                },
+                &released),
+            "SetReleaseCallback");
+  std::promise<TRITONSERVER_InferenceResponse*> response;
+  tt::check(TRITONSERVER_InferenceRequestSetResponseCallback(
+                req, allocator, nullptr,
+                [](TRITONSERVER_InferenceResponse* r, const std::uint32_t, void* p) {
+                  if (r != nullptr) {
+                    static_cast<std::promise<TRITONSERVER_InferenceResponse*>*>(p)->set_value(r);
+                  }
+                },
+                &response),
+            "SetResponseCallback");
+  device_answer out;
+  if (TRITONSERVER_Error* err = TRITONSERVER_ServerInferAsync(core().server->get(), req, nullptr)) {
+    out.result.error =
+        tt::triton_error{TRITONSERVER_ErrorCode(err), TRITONSERVER_ErrorMessage(err)};
+    TRITONSERVER_ErrorDelete(err);
+    TRITONSERVER_InferenceRequestDelete(req);
+    return out;
+  }
+  TRITONSERVER_InferenceResponse* resp = response.get_future().get();
+  released.get_future().wait();
+  if (TRITONSERVER_Error* err = TRITONSERVER_InferenceResponseError(resp)) {
+    out.result.error =
+        tt::triton_error{TRITONSERVER_ErrorCode(err), TRITONSERVER_ErrorMessage(err)};
+    TRITONSERVER_ErrorDelete(err);
+  } else {
+    std::uint32_t n = 0;
+    tt::check(TRITONSERVER_InferenceResponseOutputCount(resp, &n), "OutputCount");
+    for (std::uint32_t i = 0; i < n; ++i) {
+      const char* output_name = nullptr;
+      TRITONSERVER_DataType dtype;
+      const std::int64_t* dims = nullptr;
+      std::uint64_t rank = 0;
+      const void* base = nullptr;
+      std::size_t bytes = 0;
+      TRITONSERVER_MemoryType memory;
+      std::int64_t memory_id = 0;
+      void* userp = nullptr;
+      tt::check(TRITONSERVER_InferenceResponseOutput(resp, i, &output_name, &dtype, &dims, &rank,
+                                                     &base, &bytes, &memory, &memory_id, &userp),
+                "ResponseOutput");
+      tt::tensor_out o{output_name, dtype, std::vector<std::int64_t>(dims, dims + rank), {}};
+      o.data.resize(bytes);
+      const cudaMemcpyKind kind =
+          memory == TRITONSERVER_MEMORY_GPU ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost;
+      if (bytes > 0) REQUIRE(cudaMemcpy(o.data.data(), base, bytes, kind) == cudaSuccess);
+      out.result.outputs.push_back(std::move(o));
+      out.memory.push_back(memory);
+    }
+  }
+  TRITONSERVER_InferenceResponseDelete(resp);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "on the GPU, inputs and outputs in device memory: the answer is the one for host memory, "
+    "and the PyTorch backend's",
+    "[cuda]") {
+  TORCHLOOM_REQUIRE_GPU_CORE();
+  std::vector<std::string> backends = {"torchloom"};
+  if (core().peer) backends.push_back("pytorch");
+  twins_of("mlp_gpu_memory", bundled_model(), mlp_body(true), backends);
+  twins_of("mlp_gpu_memory_graphed", bundled_model(),
+           mlp_body(true) + parameter("TORCHLOOM_STREAM", "graphed_caller"), backends);
+  torch::manual_seed(17);
+  for (const std::int64_t batch : {1, 1, 1, 4}) {
+    const at::Tensor x = torch::randn({batch, 64});
+    const at::Tensor on_device = x.to(torch::kCUDA);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    for (const std::string name : {"mlp_gpu_memory", "mlp_gpu_memory_graphed"}) {
+      const auto host = core().server->infer(tt::twin_name(name, "torchloom"), {input("x", x)});
+      for (const auto& b : backends) {
+        INFO(name << " (" << b << "), batch " << batch);
+        const device_answer d = infer_on_device(tt::twin_name(name, b), "x", on_device);
+        const std::string why =
+            difference(host, d.result, "torchloom, host memory", b + ", device memory");
+        INFO(why);
+        CHECK(why.empty());
+        for (const auto m : d.memory) CHECK(m == TRITONSERVER_MEMORY_GPU);
+      }
+    }
+  }
+}
+#endif
 
 TEST_CASE(
     "torch_aoti: both backends serve the package alike; the PyTorch backend ignores its "
