@@ -86,8 +86,15 @@ TARGETS = {
     "T12": {"max_ratio": 1.02,
             "min_speedup": {("mlp", "torchscript", "1"): 3.0, ("mlp", "aoti", "1"): 2.0,
                             ("resnet18", "torchscript", "1"): 3.0}},
-    # T13 has no rows the report judges: bm_triton's rows are listed with their times; PERF.md
-    # states the target.
+    # bm_triton, served through the in-process Triton core from 8 client threads at batch 1.
+    # T13: the torchloom backend's p50 at most the runner called directly + Triton's minimal
+    # backend + max_overhead_us, and dynamic batching raising its requests/s (each device).
+    "T13": {"max_overhead_us": 10.0},
+    # T15: torchloom (graphed_caller) over Triton's PyTorch backend, requests/s, on the GPU.
+    "T15": {"min_ratio": 2.0, "device": "cuda"},
+    # T16: the victim's p99 beside a saturating co-tenant over its p99 alone, both models in
+    # green contexts, at the alone SM clock where NVML gave the clocks (else the raw ratio).
+    "T16": {"max_ratio": 1.15, "benchmark": "BM_serving_t16", "partition": "green"},
 }
 
 # Targets for raw/runner pairs, first match on <x> wins: (pattern, target name). Add a row
@@ -124,6 +131,19 @@ ISOLATION_LABELS = {
     "BM_cotenant_plain_streams": "co-tenant GEMMs, plain streams",
     "BM_cotenant_green_contexts": "co-tenant GEMMs, both in green contexts",
     "BM_cotenant_green_victim_only": "co-tenant on a plain stream, victim green",
+}
+# bm_triton (T13, T15): BM_serving_t13 and BM_serving_t15 per device, each side reporting
+# <side>_p50_us, <side>_p99_us and <side>_rps; the sides are read from the counters.
+SERVING_BENCHMARKS = ("BM_serving_t13", "BM_serving_t15")
+SERVING_SIDE = re.compile(r"^(\w+)_rps$")
+SERVING_LABELS = {
+    "runner": "runner called directly",
+    "torchloom": "torchloom backend",
+    "torchloom_batched": "torchloom backend, dynamic batching",
+    "minimal": "Triton's minimal backend",
+    "minimal_batched": "Triton's minimal backend, dynamic batching",
+    "pytorch": "Triton's PyTorch backend",
+    "pytorch_batched": "Triton's PyTorch backend, dynamic batching",
 }
 MIB = float(1 << 20)
 
@@ -475,6 +495,106 @@ def isolation_rows(other):
                       else "-")
             row[7:7] = [mhz, power, scaled]
         rows.append(row)
+    return rows, verdicts, used
+
+
+def serving_rows(other):
+    """T13 and T15: one row per side of each BM_serving_t13/t15 benchmark (device by device),
+    with its p50 alone (one client), its p50, p99 and requests/s under 8 clients, and the
+    verdicts on the rows they concern. T13's latency is judged one client at a time: with 8
+    clients every request also waits for the 7 before it, which multiplies each side's cost."""
+    rows, verdicts, used = [], [], set()
+    t13, t15 = TARGETS["T13"], TARGETS["T15"]
+    runs = sorted((r for r in other if r.base in SERVING_BENCHMARKS), key=lambda r: r.order)
+    for r in runs:
+        used.add(r.base)
+        device = r.param("device") or "-"
+        what = "T13" if r.base.endswith("t13") else "T15"
+        c = counter_set(r)
+        sides = [m.group(1) for m in map(SERVING_SIDE.match, c)
+                 if m and not m.group(1).endswith("_one")]
+        known = list(SERVING_LABELS)
+        sides.sort(key=lambda x: (known.index(x) if x in known else len(known), x))
+        if r.error or not sides:
+            rows.append([what, device, "-", "-", "-", "-", "-",
+                         f"skipped: {r.error}" if r.error else "no data"])
+            verdicts.append((what, "skipped"))
+            continue
+        notes = {}
+        if what == "T13":
+            need = ("runner_one_p50_us", "torchloom_one_p50_us", "minimal_one_p50_us")
+            if all(k in c for k in need):
+                bound = c["runner_one_p50_us"] + c["minimal_one_p50_us"] + t13["max_overhead_us"]
+                notes["torchloom"] = check(
+                    "T13", c["torchloom_one_p50_us"] <= bound,
+                    f"p50 alone ≤ runner + minimal + {t13['max_overhead_us']:g} µs "
+                    f"= {fmt_us(bound)}", verdicts)
+            else:
+                notes["torchloom"] = not_measured(
+                    "T13", "no " + " / ".join(k for k in need if k not in c), verdicts)
+            if "torchloom_batched_rps" in c and "torchloom_rps" in c:
+                gain = c["torchloom_batched_rps"] / c["torchloom_rps"] if c["torchloom_rps"] else 0
+                notes["torchloom_batched"] = check(
+                    "T13", gain > 1.0, f"requests/s over unbatched > 1× ({gain:.2f}×)", verdicts)
+        else:
+            for ours, peer in (("torchloom", "pytorch"), ("torchloom_batched", "pytorch_batched")):
+                if f"{ours}_rps" not in c or not c.get(f"{peer}_rps"):
+                    continue
+                ratio = c[f"{ours}_rps"] / c[f"{peer}_rps"]
+                if ours == "torchloom" and device == t15["device"]:
+                    notes[ours] = check("T15", ratio >= t15["min_ratio"],
+                                        f"≥{t15['min_ratio']:g}× requests/s of the PyTorch "
+                                        f"backend ({ratio:.2f}×)", verdicts)
+                else:
+                    notes[ours] = f"{ratio:.2f}× the PyTorch backend's requests/s"
+            if "identical" in c:
+                same = c["identical"] >= 1.0
+                notes["pytorch"] = "outputs identical" if same else "outputs DIFFER"
+                if device == t15["device"]:
+                    verdicts.append(("T15", "pass" if same else "fail"))
+        for side in sides:
+            rows.append([what, device, SERVING_LABELS.get(side, side),
+                         fmt_us(c.get(f"{side}_one_p50_us")),
+                         fmt_us(c.get(f"{side}_p50_us")), fmt_us(c.get(f"{side}_p99_us")),
+                         f"{c[side + '_rps']:.0f}", notes.get(side, "")])
+    return rows, verdicts, used
+
+
+def serving_isolation_rows(other):
+    """T16: the victim model's latency beside a saturating co-tenant model in one Triton core,
+    against the same victim alone (BM_serving_t16/partition:<green|plain>)."""
+    rows, verdicts, used = [], [], set()
+    t16 = TARGETS["T16"]
+    runs = sorted((r for r in other if r.base == t16["benchmark"]), key=lambda r: r.order)
+    for r in runs:
+        used.add(r.base)
+        partition = r.param("partition") or "-"
+        what = ("both in green contexts" if partition == "green"
+                else "plain streams (control)" if partition == "plain" else partition)
+        if r.error:
+            rows.append([what] + ["-"] * 8 + [f"skipped: {r.error}"])
+            if partition == t16["partition"]:
+                verdicts.append(("T16", "skipped"))
+            continue
+        c = counter_set(r)
+        raw = c.get("ratio_vs_alone")
+        scaled = c.get("ratio_at_alone_clock")
+        note = "control"
+        if partition == t16["partition"]:
+            judged = scaled if scaled is not None else raw
+            if judged is None:
+                note = not_measured("T16", "no ratio", verdicts)
+            else:
+                how = "at the alone clock" if scaled is not None else "raw (no SM clocks)"
+                note = check("T16", judged <= t16["max_ratio"],
+                             f"≤{t16['max_ratio']:g}× {how}", verdicts)
+        mhz = (f"{c['alone_sm_mhz']:.0f} / {c['sm_mhz']:.0f}"
+               if "sm_mhz" in c and "alone_sm_mhz" in c else "-")
+        rows.append([what, f"{c.get('victim_sms', 0):.0f} / {c.get('cotenant_sms', 0):.0f}",
+                     fmt_us(c.get("alone_p99_us")), fmt_us(c.get("p50_us")),
+                     fmt_us(c.get("p99_us")), f"{raw:.2f}×" if raw is not None else "-",
+                     mhz, f"{scaled:.2f}×" if scaled is not None else "-",
+                     f"{c.get('cotenant_tflops', 0):.0f}", note])
     return rows, verdicts, used
 
 
@@ -997,11 +1117,15 @@ def main(argv):
     srows, stream_verdicts, used_s = stream_rows(other)
     irows, isolation_verdicts, used_i = isolation_rows(other)
     grows, graph_verdicts, used_g = graph_rows(other)
+    vrows, serving_verdicts, used_v = serving_rows(other)
+    v16rows, serving_isolation_verdicts, used_v16 = serving_isolation_rows(other)
+    used_g |= used_v | used_v16
     floor_note, used_f = graph_floor_note(other)
     used_g |= used_f
     runs, limit, shared = offload_results(other)
     used_o = {r.base for r in runs + shared + ([limit] if limit else [])}
-    verdicts = verdicts + stream_verdicts + isolation_verdicts + graph_verdicts
+    verdicts = (verdicts + stream_verdicts + isolation_verdicts + graph_verdicts
+                + serving_verdicts + serving_isolation_verdicts)
     other = [r for r in other if r.base not in used_s | used_i | used_o | used_g]
     if srows:
         tables.append("### T2: stream policies, per call (bm_streams; delta = policy − "
@@ -1029,6 +1153,21 @@ def main(argv):
             + markdown(["model", "loader", "batch", "calls", "raw median µs",
                         "runner median µs", "p99 raw / runner µs", "speed-up",
                         "bitwise", "target"], grows) + floor_note)
+    if vrows:
+        tables.append(
+            "### T13, T15: served by the in-process Triton core, batch 1, one client and 8 "
+            "client threads (bm_triton; the sides of a row group measured in one loop, "
+            "shuffled rounds; p50, p99 and requests/s with 8 clients)\n"
+            + markdown(["target", "device", "side", "p50 µs, 1 client", "p50 µs", "p99 µs",
+                        "requests/s", "verdict"], vrows))
+    if v16rows:
+        tables.append(
+            "### T16: two models in one Triton core, the victim beside a co-tenant saturating "
+            "the GPU (bm_triton)\n"
+            + markdown(["scenario", "SMs victim / co-tenant", "alone p99 µs", "p50 µs",
+                        "p99 µs", "p99 / alone", "SM MHz alone / beside",
+                        "p99 / alone at the alone clock", "co-tenant TFLOP/s", "target"],
+                       v16rows))
     if used_o:
         text, offload_verdicts = offload_section(runs, limit, shared)
         tables.append(text)

@@ -18,6 +18,7 @@
 #include <torchloom/residency/streamed.hpp>
 #include <torchloom/stream/adaptive.hpp>
 #include <torchloom/stream/caller.hpp>
+#include <torchloom/stream/graphed.hpp>
 #include <torchloom/stream/green_context.hpp>
 #include <torchloom/stream/pool.hpp>
 
@@ -47,9 +48,12 @@ BOOST_DESCRIBE_ENUM(loader_kind, torchscript, aoti)
 enum class hook_kind { none, dlopen };
 BOOST_DESCRIBE_ENUM(hook_kind, none, dlopen)
 
-//! The stream policies: caller_stream, pool_stream, adaptive_stream, green_context_stream.
-enum class stream_kind { caller, pool, adaptive, green };
-BOOST_DESCRIBE_ENUM(stream_kind, caller, pool, adaptive, green)
+//! The stream policies: caller_stream, pool_stream, adaptive_stream, green_context_stream,
+//! green_context_complement_stream (green_complement: the SMs a green runner with the same
+//! GREEN_CONTEXT_SM_COUNT leaves) and graphed<caller_stream> (graphed_caller: CUDA graph
+//! replays on the caller's stream).
+enum class stream_kind { caller, pool, adaptive, green, green_complement, graphed_caller };
+BOOST_DESCRIBE_ENUM(stream_kind, caller, pool, adaptive, green, green_complement, graphed_caller)
 
 //! The residency policies: resident_weights, shared_weights, streamed_weights, mapped_weights.
 enum class residency_kind { resident, shared, streamed, mapped };
@@ -75,7 +79,7 @@ std::string_view to_string(E kind) noexcept {
   return boost::describe::enum_to_string(kind, "unknown");
 }
 
-//! Every name of a role, in declaration order, e.g. {"caller", "pool", "adaptive", "green"}.
+//! Every name of a role, in declaration order, e.g. {"resident", "shared", "streamed", "mapped"}.
 template <policy_kind E>
 std::vector<std::string> policy_names() {
   std::vector<std::string> names;
@@ -119,13 +123,21 @@ inline std::string to_string(const policy_choice& c) {
 }
 
 //! Why `c` has no runner type in this build (a sentence), or an empty view when it has one.
-//! Unavailable: aoti without LibTorch >= 2.6 and green without torchloom::cuda.
+//! Unavailable: aoti without LibTorch >= 2.6, green and green_complement without
+//! torchloom::cuda, and graphed_caller with streamed (a captured graph would replay one run's
+//! weight copies).
 constexpr std::string_view why_unavailable(const policy_choice& c) noexcept {
   if (c.loader == loader_kind::aoti && TORCHLOOM_TORCH_VERSION < 20600) {
     return "the aoti loader needs LibTorch >= 2.6, and this build has an older one";
   }
-  if (c.stream == stream_kind::green && !TORCHLOOM_HAS_CUDA) {
-    return "the green stream policy needs CUDA (torchloom::cuda), and this build has none";
+  if ((c.stream == stream_kind::green || c.stream == stream_kind::green_complement) &&
+      !TORCHLOOM_HAS_CUDA) {
+    return "the green stream policies need CUDA (torchloom::cuda), and this build has none";
+  }
+  if (c.stream == stream_kind::graphed_caller && c.residency == residency_kind::streamed) {
+    return "graphed_caller cannot stream weights: a captured CUDA graph replays the first "
+           "run's weight copies; use streamed with a plain stream policy, or graphed_caller "
+           "with resident, shared or mapped";
   }
   return {};
 }
@@ -178,6 +190,14 @@ struct stream_type_of<stream_kind::adaptive> {
 template <>
 struct stream_type_of<stream_kind::green> {
   using type = green_context_stream;
+};
+template <>
+struct stream_type_of<stream_kind::green_complement> {
+  using type = green_context_complement_stream;
+};
+template <>
+struct stream_type_of<stream_kind::graphed_caller> {
+  using type = graphed<caller_stream>;
 };
 
 //! The residency policy type a residency_kind names.

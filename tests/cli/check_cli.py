@@ -30,7 +30,7 @@ def expect(cond, what, *context):
 ROLES = {
     "--loader": ["torchscript", "aoti"],
     "--hook": ["none", "dlopen"],
-    "--stream": ["caller", "pool", "adaptive", "green"],
+    "--stream": ["caller", "pool", "adaptive", "green", "green_complement", "graphed_caller"],
     "--residency": ["resident", "shared", "streamed", "mapped"],
 }
 
@@ -99,7 +99,9 @@ def check_errors(binary):
            "streamed without a budget is a model error naming the key", err)
 
     rc, out, err = run(binary, "--stream=polo")
-    expect(rc == 2 and "'polo'" in err and "'caller', 'pool', 'adaptive' or 'green'" in err
+    expect(rc == 2 and "'polo'" in err
+           and "'caller', 'pool', 'adaptive', 'green', 'green_complement' or 'graphed_caller'"
+           in err
            and "usage:" in err, "a bad policy name is a usage error listing the names", err)
 
     rc, out, err = run(binary, "--iterations=3", "--warmup=0", "--residency=resident",
