@@ -282,8 +282,12 @@ run_tests() {
     say "no time left for the tests"
     test_rc=1
   else
+    # The Triton backend's tests run in the serving stage, with Triton's PyTorch backend.
+    local exclude=()
+    if [[ -n $SERVING ]]; then exclude=(-E '^triton\.'); fi
     run_logged "$SCRATCH/ctest.txt" timeout "$t" \
-      ctest --test-dir "$BUILD" --output-on-failure -j12 --timeout 150 || test_rc=$?
+      ctest --test-dir "$BUILD" --output-on-failure -j12 --timeout 150 "${exclude[@]}" \
+      || test_rc=$?
     if ((test_rc == 124)); then say "ctest stopped after ${t}s"; fi
     {
       grep -E 'tests passed|Total Test time|No tests were found' "$SCRATCH/ctest.txt" || true
@@ -337,6 +341,12 @@ run_benchmarks() {
   for exe in "$BUILD"/bench/bm_*; do
     [[ " ${benches[*]} " == *" $exe "* ]] || benches+=("$exe")
   done
+  # bm_triton runs in the serving stage, beside Triton's PyTorch backend.
+  if [[ -n $SERVING ]]; then
+    local kept=()
+    for exe in "${benches[@]}"; do [[ $(basename "$exe") == bm_triton ]] || kept+=("$exe"); done
+    benches=("${kept[@]}")
+  fi
   for exe in "${benches[@]}"; do
     [[ -f $exe && -x $exe ]] || continue
     local name
