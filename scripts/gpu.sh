@@ -8,12 +8,14 @@
 #
 # Everything goes to $OUT/gpu-log.txt; stdout stays short (machine, step times, test summary,
 # failures) and ends with the report's Markdown table. $OUT receives: gpu-log.txt,
-# bm_<name>.json per benchmark, bm_offload_peer.json, report.md, and latency.png and
-# offload.png (when matplotlib is installed).
+# bm_<name>.json per benchmark, bm_offload_peer.json and bm_offload_peer_llama.json,
+# report.md, and latency.png and offload.png (when matplotlib is installed).
 # The AOTInductor packages the tests and bm_aoti load are made by scripts/make_aoti_fixtures.py
 # into $BUILD/aoti_fixtures while the C++ builds, bm_graphs' ResNet-18 models by
-# scripts/make_graph_fixtures.py into $BUILD/graph_fixtures, and bm_offload's package by
-# scripts/make_offload_fixture.py into $BUILD/offload_fixtures.
+# scripts/make_graph_fixtures.py into $BUILD/graph_fixtures, bm_offload's package by
+# scripts/make_offload_fixture.py into $BUILD/offload_fixtures, and the real architectures
+# by scripts/make_transformer_fixtures.py (the tests' Hugging Face and torchvision models
+# into $BUILD/aoti_fixtures, T14's Llama decoders into $BUILD/offload_fixtures).
 # Exit status: 1 when configure, build, the AOTI fixtures, a test or a benchmark failed. A test
 # failure does not stop the benchmarks, so one call gives all there is to know.
 #
@@ -158,6 +160,16 @@ step "offload fixture: started in the background ($OFFLOAD_FIXTURES)"
 timeout 420 python3 scripts/make_offload_fixture.py "$OFFLOAD_FIXTURES" \
   >"$SCRATCH/offload-fixture.txt" 2>&1 &
 offload_fixture_pid=$!
+# The real architectures (GPT-2, BERT, Llama, T5, MobileNet; one process each), for the
+# [transformers] tests, and T14's Llama decoders for bm_offload, likewise; without them those
+# tests skip and the llama_aoti row reports why it did not run.
+step "transformer fixtures: started in the background"
+timeout 420 python3 scripts/make_transformer_fixtures.py "$FIXTURES" matrix \
+  >"$SCRATCH/transformer-fixtures.txt" 2>&1 &
+transformer_fixtures_pid=$!
+timeout 420 python3 scripts/make_transformer_fixtures.py "$OFFLOAD_FIXTURES" llm \
+  >"$SCRATCH/llm-fixtures.txt" 2>&1 &
+llm_fixtures_pid=$!
 
 # ---------------------------------------------------------------------------------------
 step "build (ninja -j$JOBS)"
@@ -165,7 +177,8 @@ rc=0
 # -k 0: build all that can be built, so one call shows every compile error.
 run_logged "$SCRATCH/build.txt" ninja -C "$BUILD" -j"$JOBS" -k 0 || rc=$?
 if ((rc != 0)); then
-  kill "$fixtures_pid" "$graph_fixtures_pid" "$offload_fixture_pid" 2>/dev/null || true
+  kill "$fixtures_pid" "$graph_fixtures_pid" "$offload_fixture_pid" \
+    "$transformer_fixtures_pid" "$llm_fixtures_pid" 2>/dev/null || true
   say "build failed (status $rc); first errors:"
   grep -E -A6 'error:|FAILED:|undefined reference|ninja: build stopped' "$SCRATCH/build.txt" \
     | cut -c1-300 | show 7000 || true
@@ -182,6 +195,11 @@ await_job "$offload_fixture_pid" "$SCRATCH/offload-fixture.txt" "offload fixture
   "bm_offload's large_aoti rows will not run" || true
 await_job "$graph_fixtures_pid" "$SCRATCH/graph-fixtures.txt" "graph fixtures" \
   "bm_graphs' ResNet-18 rows will skip" || true
+await_job "$transformer_fixtures_pid" "$SCRATCH/transformer-fixtures.txt" \
+  "transformer fixtures" "the [transformers] tests will skip where a fixture is missing" \
+  || fixtures_rc=$?
+await_job "$llm_fixtures_pid" "$SCRATCH/llm-fixtures.txt" "llm fixtures" \
+  "bm_offload's llama_aoti row (T14) will not run" || fixtures_rc=$?
 
 # ---------------------------------------------------------------------------------------
 # sanitize FILTER [VAR=VALUE...] -- [compute-sanitizer options...]: the tests FILTER picks,
@@ -221,7 +239,8 @@ if [[ ${GPU_SH_SANITIZE:-0} == 1 ]]; then
   # really freed; the graph tests with it on (a graph keeps its memory in its private pool;
   # without the allocator graphed<S> runs eagerly). The test whose capture fails by design
   # runs apart, without reports of the API errors that failure is.
-  sanitize "[stream][cuda]~[graphs],[streamed][cuda],[mapped][cuda]" \
+  # The [transformers] cases (real architectures, minutes under the tool) are left out.
+  sanitize "[stream][cuda]~[graphs],[streamed][cuda]~[transformers],[mapped][cuda]~[transformers]" \
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- --tool memcheck
   sanitize "[stream][cuda]~[graphs]" -- --tool synccheck
   sanitize "[graphs][cuda]~[capture-fails]" -- --tool memcheck
@@ -322,12 +341,34 @@ else
   fi
 fi
 
+# T14's peer: accelerate's cpu_offload on the Llama decoder of bm_offload's llama_aoti row.
+t=$(min 150 $(($(left) - 20)))
+if ((t < 60)); then
+  say "offload_peer.py --model llama: not run, $(left)s left (the report shows T14's ratio as \
+not measured)"
+else
+  bench_total=$((bench_total + 1))
+  began=$SECONDS
+  rc=0
+  run_logged "$SCRATCH/offload_peer_llama.txt" timeout "$t" python3 scripts/offload_peer.py \
+    --model llama --out "$OUT/bm_offload_peer_llama.json" || rc=$?
+  if ((rc == 0)); then
+    say "offload_peer.py --model llama: ok ($((SECONDS - began))s): \
+$(tail -n 1 "$SCRATCH/offload_peer_llama.txt" | cut -c1-300)"
+  else
+    bench_failed=$((bench_failed + 1))
+    say "offload_peer.py --model llama: FAILED (status $rc after $((SECONDS - began))s); \
+last lines:"
+    tail -n 15 "$SCRATCH/offload_peer_llama.txt" | cut -c1-200 | show 3000
+  fi
+fi
+
 # ---------------------------------------------------------------------------------------
 status=0
 verdict="build ok"
 if ((fixtures_rc != 0)); then
   status=1
-  verdict+="; aoti fixtures FAILED"
+  verdict+="; fixtures FAILED (aoti, transformer or llm)"
 fi
 if ((test_rc != 0)); then
   status=1
