@@ -476,7 +476,8 @@ TEST_CASE("AOTI streamed: torchvision MobileNetV3 (fp16, batch-norm buffers, bia
           "[aoti][cuda][streamed][mapped][transformers]") {
   TORCHLOOM_REQUIRE_CUDA();
   TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "tv_mobilenet");
-  check_architecture(dir, 5e-2);
+  // fp16 through a dozen blocks: inductor rounds fused pointwise chains once, eager per op.
+  check_architecture(dir, 1e-1);
 }
 
 #endif
