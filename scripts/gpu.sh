@@ -19,8 +19,9 @@
 # bm_<name>.json per benchmark, the peers' JSON, report.md, and latency.png and offload.png
 # (when matplotlib is installed).
 # The fixtures (AOTInductor packages, bm_graphs' ResNet-18 models, bm_offload's package, the
-# transformer packages) are made by the scripts/make_*_fixtures.py scripts into $BUILD while
-# the C++ builds; each script keeps a stamp and makes nothing when it is up to date.
+# real architectures of the [transformers] tests and T14's Llama decoders) are made by the
+# scripts/make_*_fixture(s).py scripts into $BUILD while the C++ builds; each keeps a stamp
+# and makes nothing when it is up to date.
 # Where the Triton kits travel with the checkout (.tkit: ../shared/triton; .tpeer: that and
 # ../shared/triton-peer), scripts/gpu-serving.sh builds the GPU Triton core, Triton's PyTorch
 # backend and torchloom's backend, and runs the serving tests and benchmarks.
@@ -146,15 +147,20 @@ configure() {
 
 # The fixtures: name, the script that makes them, and the environment variable the tests
 # and benchmarks find them by. Each script keeps a stamp: up to date, it returns at once.
-FIXTURE_NAMES=(aoti graph offload transformer)
+# transformer: the real architectures of the [transformers] tests (GPT-2, BERT, Llama, T5,
+# MobileNet; one process each) beside the AOTI packages; llm: T14's Llama decoders beside
+# bm_offload's package.
+FIXTURE_NAMES=(aoti graph offload transformer llm)
 declare -A FIXTURE_SCRIPT=([aoti]=make_aoti_fixtures.py [graph]=make_graph_fixtures.py
-  [offload]=make_offload_fixture.py [transformer]=make_transformer_fixtures.py)
+  [offload]=make_offload_fixture.py [transformer]=make_transformer_fixtures.py
+  [llm]=make_transformer_fixtures.py)
+declare -A FIXTURE_ARG=([transformer]=matrix [llm]=llm)
 declare -A FIXTURE_VAR=([aoti]=TORCHLOOM_AOTI_FIXTURES [graph]=TORCHLOOM_GRAPH_FIXTURES
-  [offload]=TORCHLOOM_OFFLOAD_FIXTURES [transformer]=TORCHLOOM_TRANSFORMER_FIXTURES)
+  [offload]=TORCHLOOM_OFFLOAD_FIXTURES)
 declare -A FIXTURE_DIR=([aoti]=aoti_fixtures [graph]=graph_fixtures
-  [offload]=offload_fixtures [transformer]=transformer_fixtures)
+  [offload]=offload_fixtures [transformer]=aoti_fixtures [llm]=offload_fixtures)
 declare -A FIXTURE_PID=()
-for f in "${FIXTURE_NAMES[@]}"; do export "${FIXTURE_VAR[$f]}=$PWD/$BUILD/${FIXTURE_DIR[$f]}"; done
+for f in "${!FIXTURE_VAR[@]}"; do export "${FIXTURE_VAR[$f]}=$PWD/$BUILD/${FIXTURE_DIR[$f]}"; done
 
 # Starts every fixture script in the background (after the op library that one package
 # calls, which the aoti fixtures export with it loaded).
@@ -171,6 +177,7 @@ start_fixtures() {
     [[ -f $script ]] || continue
     local extra=()
     if [[ $f == aoti ]]; then extra=("${args[@]}"); fi
+    if [[ -n ${FIXTURE_ARG[$f]:-} ]]; then extra=("${FIXTURE_ARG[$f]}"); fi
     timeout 420 python3 "$script" "$PWD/$BUILD/${FIXTURE_DIR[$f]}" "${extra[@]}" \
       >"$SCRATCH/fixtures-$f.txt" 2>&1 &
     FIXTURE_PID[$f]=$!
@@ -255,7 +262,8 @@ if [[ ${GPU_SH_SANITIZE:-0} == 1 ]]; then
   # without the allocator graphed<S> runs eagerly). The tests whose capture fails by design
   # run apart, without reports of the API errors that failure is. [hazards]: the concurrency
   # and failure cases, under both tools.
-  sanitize "[stream][cuda]~[graphs]~[hazards],[streamed][cuda],[mapped][cuda]" \
+  # The [transformers] cases (real architectures: minutes under the tool) are left out.
+  sanitize "[stream][cuda]~[graphs]~[hazards],[streamed][cuda]~[transformers],[mapped][cuda]~[transformers]" \
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- --tool memcheck
   sanitize "[stream][cuda]~[graphs]" -- --tool synccheck
   sanitize "[graphs][cuda]~[capture-fails]" -- --tool memcheck
@@ -381,26 +389,27 @@ run_benchmarks() {
   if ((bench_total == 0)); then say "no benchmarks found in $BUILD/bench"; fi
 
   # The Python peers: accelerate's cpu_offload on bm_offload's layers (T5) and on the
-  # transformer that does not fit (T14), each into a JSON file beside the benchmarks'. A
-  # missing accelerate or CUDA is an entry the report shows as skipped (status 0); a nonzero
-  # status is a failed benchmark.
+  # transformer that does not fit (T14, --model llama), each into a JSON file beside the
+  # benchmarks'. A missing accelerate or CUDA is an entry the report shows as skipped (status
+  # 0); a nonzero status is a failed benchmark.
   local peer
-  for peer in offload_peer; do
-    [[ -f scripts/$peer.py ]] || continue
+  for peer in offload_peer offload_peer_llama; do
+    local args=(--out "$OUT/bm_${peer}.json")
+    if [[ $peer == offload_peer_llama ]]; then args+=(--model llama); fi
     t=$(min 150 $(($(left) - 20)))
     if ((t < 60)); then
-      say "$peer.py: not run, $(left)s left (the report shows its targets as not measured)"
+      say "$peer: not run, $(left)s left (the report shows its targets as not measured)"
       continue
     fi
     bench_total=$((bench_total + 1))
     local began=$SECONDS rc=0
-    run_logged "$SCRATCH/$peer.txt" timeout "$t" python3 "scripts/$peer.py" \
-      --out "$OUT/bm_${peer}.json" || rc=$?
+    run_logged "$SCRATCH/$peer.txt" timeout "$t" python3 scripts/offload_peer.py "${args[@]}" \
+      || rc=$?
     if ((rc == 0)); then
-      say "$peer.py: ok ($((SECONDS - began))s): $(tail -n 1 "$SCRATCH/$peer.txt" | cut -c1-300)"
+      say "$peer: ok ($((SECONDS - began))s): $(tail -n 1 "$SCRATCH/$peer.txt" | cut -c1-300)"
     else
       bench_failed=$((bench_failed + 1))
-      say "$peer.py: FAILED (status $rc after $((SECONDS - began))s); last lines:"
+      say "$peer: FAILED (status $rc after $((SECONDS - began))s); last lines:"
       tail -n 15 "$SCRATCH/$peer.txt" | cut -c1-200 | show 3000
     fi
   done

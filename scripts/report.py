@@ -29,7 +29,10 @@ model, a share of the pinned H2D limit), T5 (accelerate / streamed, same model a
 violations, high water <= budget), T8 (streamed at the smallest batch of T8's model, a share
 of the limit), T11 (streamed rows with a resident share, BM_offload/.../share:<all|half>:
 share:all / resident, share:half / its streamed bytes at the pinned limit; T7 too, and not
-T4 or T6); and the T9 table (device bytes of N runners sharing one model <= W + N*A). A
+T4 or T6), T14 (the rows of model llama_aoti, an LLM larger than the free memory: the
+streamed row's share of the limit, exceeds_free and small_bitwise_equal; accelerate /
+streamed; instead of T4 and T5); and the T9 table (device bytes of N runners sharing one
+model <= W + N*A). A
 streamed or mapped row whose output is not bitwise equal to resident's fails on its
 own line (counted as "bitwise"). A target with no row to judge is "not measured" (skipped).
 
@@ -79,6 +82,13 @@ TARGETS = {
     # at most max_over_transfer x transfer_ms, its bytes streamed per run at the pinned limit.
     "T11": {"max_ratio": 1.02, "max_over_transfer": 1.05, "variant": "streamed",
             "over": "resident"},
+    # T14: the LLM larger than the device's free memory (bm_offload's model llama_aoti): its
+    # streamed row at least min_pct_of_limit of the pinned limit, its weights above the free
+    # memory at load (exceeds_free) and its fewer-layer twin bitwise equal to resident
+    # (small_bitwise_equal); the accelerate row (offload_peer.py --model llama) at least
+    # min_ratio x the streamed row's time. Instead of T4 and T5 on that model.
+    "T14": {"min_pct_of_limit": 95, "min_ratio": 5, "model": "llama_aoti",
+            "variant": "streamed", "peer": "accelerate"},
     # The runner's construction against the raw loader's (BM_raw_<x>_load, bm_aoti).
     "T10": {"max_ratio": 1.05},
     # graphed<caller_stream> against the raw call (bm_graphs): every row at most max_ratio, and
@@ -641,6 +651,9 @@ def offload_targets(r, runs):
     twin, large_aoti), when larger than the smallest (compute-bound); T7: every streamed row;
     T5: the accelerate row; T11 (instead of T4 and T6): a streamed row with a resident share."""
     model, variant = r.param("model"), r.param("variant")
+    if model == TARGETS["T14"]["model"]:
+        return {TARGETS["T14"]["peer"]: ["T14"],
+                TARGETS["T14"]["variant"]: ["T14", "T7"]}.get(variant, [])
     if variant == TARGETS["T5"]["variant"]:
         return ["T5"]
     if variant != TARGETS["T7"]["variant"]:
@@ -687,6 +700,8 @@ def offload_verdict(tname, r, runs, verdicts):
         return cell
     if tname == "T11":
         return share_verdict(r, runs, verdicts)
+    if tname == "T14":
+        return llm_verdict(r, runs, verdicts)
     # T5: accelerate over streamed; T6: streamed over resident; same model and batch.
     t = TARGETS[tname]
     base_variant = t["over"]
@@ -741,6 +756,41 @@ def share_verdict(r, runs, verdicts):
             + f"÷ limit, {fmt_mib(c.get('resident_bytes'))} MiB resident)")
 
 
+def llm_verdict(r, runs, verdicts):
+    """T14 on a row of its model: the accelerate row against the streamed one (same batch);
+    the streamed row's share of the pinned limit, its weights against the free memory at
+    load, and its fewer-layer twin's bitwise check."""
+    t, c = TARGETS["T14"], counter_set(r)
+    if r.param("variant") == t["peer"]:
+        base = next((x for x in runs if x.param("model") == r.param("model")
+                     and x.param("variant") == t["variant"] and batch_of(x) == batch_of(r)),
+                    None)
+        if base is None or base.error or not ms_of(base) or ms_of(r) is None:
+            return not_measured("T14", f"no {t['variant']} time at model {r.param('model')} "
+                                f"batch {r.param('batch')}", verdicts)
+        ratio = ms_of(r) / ms_of(base)
+        return (judge("T14", t["min_ratio"], ratio, verdicts, at_least=True)
+                + f" (accelerate {ratio:.2f}× streamed)")
+    cells = []
+    if "pct_of_limit" in c:
+        cells.append(judge("T14", t["min_pct_of_limit"], c["pct_of_limit"], verdicts,
+                           at_least=True, unit="% of limit"))
+    else:
+        cells.append(not_measured("T14", "no pct_of_limit counter", verdicts))
+    if "exceeds_free" in c:
+        cells.append(check("T14", c["exceeds_free"] == 1,
+                           f"weights {fmt_mib(c.get('weight_bytes'))} MiB > "
+                           f"{fmt_mib(c.get('free_bytes'))} MiB free at load", verdicts))
+    else:
+        cells.append(not_measured("T14", "no exceeds_free counter", verdicts))
+    if "small_bitwise_equal" in c:
+        cells.append(check("T14", c["small_bitwise_equal"] == 1,
+                           "fewer-layer twin bitwise equal to resident", verdicts))
+    else:
+        cells.append(not_measured("T14", "no small_bitwise_equal counter", verdicts))
+    return "; ".join(cells)
+
+
 def offload_missing():
     """Targets of the offload table, and what is missing when no row is held to them."""
     streamed = TARGETS["T7"]["variant"]
@@ -752,6 +802,7 @@ def offload_missing():
         ("T7", f"no {streamed} row"),
         ("T8", f"no {streamed} row of model {TARGETS['T8']['model']}"),
         ("T11", f"no {streamed} row with a resident share (share:all, share:half)"),
+        ("T14", f"no {streamed} row of model {TARGETS['T14']['model']}"),
     )
 
 
@@ -840,12 +891,13 @@ def shared_rows(shared):
 
 
 def offload_section(runs, limit, shared):
-    """The Markdown of the offload tables (T4-T9, T11) and their verdicts."""
+    """The Markdown of the offload tables (T4-T9, T11, T14) and their verdicts."""
     rows, verdicts, notes = offload_rows(runs)
     srows, shared_verdicts = shared_rows(shared)
     if not srows:
         notes.append("- " + not_measured("T9", "no BM_offload_shared row", verdicts))
-    text = ("### Weight offload (bm_offload, PERF.md T4-T9, T11)\n" + limit_line(limit, runs)
+    text = ("### Weight offload (bm_offload, PERF.md T4-T9, T11, T14)\n"
+            + limit_line(limit, runs)
             + " GB/s = weight bytes a forward reads (streamed: bytes it copies) / median time; "
             "budget / high water: "
             "device memory for weights under streamed_weights; bitwise equal: the output "

@@ -251,6 +251,13 @@ struct aoti_loader {
   //! does not match the package.
   model_type load(const load_context& ctx) const { return load_package(ctx, true); }
 
+  //! For mapped_weights: a package exported for streaming with its weights left in host
+  //! memory (weight_access's constants() returns them; the device holds one-element
+  //! placeholders until they are swapped), any other package as load() loads it.
+  model_type load_keeping_host_weights(const load_context& ctx) const {
+    return load_package(ctx, false);
+  }
+
   //! For streamed_weights: a package exported for streaming, with its weights installed in
   //! host memory (the policy places them). unsupported for another package.
   model_type load_streamable(const load_context& ctx) const {
@@ -326,10 +333,14 @@ struct aoti_loader {
     const std::string& name = ctx.spec.name;
     const std::filesystem::path file = ctx.file.parent_path() / detail::aoti_weights_file;
     ctx.spec.require_inside(file, "the package's weights file", errc::load_failed);
-    std::vector<std::string> names =
-        detail::split(m.metadata.at(std::string(detail::aoti_stream_weights_key)), ';');
-    std::vector<at::Tensor> tensors = detail::read_package_weights(
-        name, file, names, detail::container_constants::read(m.package->get_runner()));
+    // Each weight by its names (tied tensors share one); the package keeps one of them.
+    detail::package_weights read = detail::read_package_weights(
+        name, file,
+        detail::parse_stream_weights(
+            name, m.metadata.at(std::string(detail::aoti_stream_weights_key))),
+        detail::container_constants::read(m.package->get_runner()));
+    std::vector<at::Tensor> tensors = std::move(read.tensors);
+    std::vector<std::string> names = std::move(read.names);
     // On the host (streamed_weights), the package gets placeholders on its device, each one
     // element seen with the weight's shape: it only passes them to the fetch operator, which
     // serves its reads from the policy's arena.
@@ -529,7 +540,8 @@ static_assert(tensor_loader<aoti_loader>);
 //! torchloom/concepts/weight_access.hpp):
 //!  - swap its constants (mapped_weights): read them and replace them with tensors of the
 //!    caller's (user-managed constants in the package's second constant buffer, which
-//!    becomes the active one; the package's own copies are freed);
+//!    becomes the active one; the package's own copies are freed); a package exported for
+//!    streaming is loaded with its weights in host memory for that, never all on the device;
 //!  - rewrite its weight reads (streamed_weights), for a package exported for streaming,
 //!    whose reads already call the fetch operator: record their order on a first run;
 //!  - measure the device bytes of its constants (resident_weights, shared_weights).
@@ -537,8 +549,23 @@ template <class Loader>
   requires std::derived_from<Loader, aoti_loader> &&
            std::same_as<typename Loader::model_type, aoti_model>
 struct weight_access<Loader> {
-  //! The package's active constants by name.
+  //! Loads the package so that swapping its constants never puts them all on the device: a
+  //! package exported for streaming keeps its weights in host memory until they are swapped.
+  static aoti_model load_for_swapping(const Loader& l, const load_context& ctx) {
+    return l.load_keeping_host_weights(ctx);
+  }
+
+  //! The package's constants by name: its weights in host memory where load_for_swapping
+  //! left them there, else its active constants.
   static std::unordered_map<std::string, at::Tensor> constants(aoti_model& m) {
+    if (m.reads && !m.weights_on_host.empty()) {
+      std::unordered_map<std::string, at::Tensor> out;
+      const auto& names = m.reads->names();
+      for (std::size_t i = 0; i < names.size() && i < m.weights_on_host.size(); ++i) {
+        out.emplace(names[i], m.weights_on_host[i]);
+      }
+      return out;
+    }
     return m.package->get_runner()->extract_constants_map(/*use_inactive=*/false);
   }
 
@@ -553,7 +580,10 @@ struct weight_access<Loader> {
                               /*user_managed=*/true);
     runner->swap_constant_buffer();
     runner->free_inactive_constant_buffer();
-    m.weights.clear();  // a streaming package's weights, installed from weights.pt
+    // A streaming package's weights, installed from weights.pt, or its placeholders and the
+    // host weights they stood for.
+    m.weights.clear();
+    m.weights_on_host.clear();
   }
 
   //! The bytes of the package's constants on `device` (each storage once).
