@@ -287,8 +287,31 @@ class model_runner {
   }
 
   // Options that only some policy reads must meet a policy of this runner that reads them:
-  // otherwise they would be ignored without a word (a hook library that never runs).
+  // otherwise they would be ignored without a word (a hook library that never runs). A model
+  // of the other platform must not reach this runner's loader, whose torch call would fail
+  // with a message about the archive's insides.
   static model_spec checked_spec(model_spec spec) {
+    if constexpr (requires { std::string_view(Loader::platform); }) {
+      const std::string_view mine = Loader::platform;
+      const model_platform& theirs = spec.platform;
+      if (!theirs.name.empty() && theirs.name != mine) {
+        const std::string where =
+            theirs.line > 0
+                ? detail::concat((spec.directory / "config.pbtxt").string(), ":", theirs.line,
+                                 ": ")
+                : std::string();
+        throw error(errc::invalid_option, spec.name,
+                    detail::concat(where, theirs.reason, " calls for ",
+                                   describe(format_of_platform(theirs.name)), " (platform '",
+                                   theirs.name, "'), but this runner's loader reads ",
+                                   describe(format_of_platform(mine)), " (platform '", mine,
+                                   "'): use model_runner<",
+                                   theirs.name == aoti_platform ? "aoti_loader"
+                                                                : "torchscript_loader",
+                                   ", ...> (torchloom::loader_for(spec) says which loader a "
+                                   "model calls for)"));
+      }
+    }
     const runner_options defaults{};
     for (const auto& [key, readers] : policy_option_readers()) {
       if (get_option(spec.options, key) == get_option(defaults, key)) continue;

@@ -14,9 +14,11 @@
 #include <torchloom/loader/aoti.hpp>
 #include <torchloom/loader/aoti_options.hpp>
 #include <torchloom/loader/torchscript.hpp>
+#include <torchloom/model_format.hpp>
 #include <torchloom/model_runner.hpp>
 #include <torchloom/model_spec.hpp>
 #include <torchloom/options.hpp>
+#include <torchloom/platform.hpp>
 #include <torchloom/policy_choice.hpp>
 #include <torchloom/residency/mapped.hpp>
 #include <torchloom/residency/resident.hpp>

@@ -7,6 +7,7 @@
 #include <torchloom/detail/torch_error.hpp>
 #include <torchloom/error.hpp>
 #include <torchloom/loader/aoti_options.hpp>
+#include <torchloom/model_format.hpp>
 #include <torchloom/weights/weight_graph.hpp>
 #include <torchloom/signature.hpp>
 
@@ -85,6 +86,12 @@ inline void check_package_file(const std::string& model, const std::filesystem::
     throw error(errc::load_failed, model,
                 concat("'", file.string(),
                        "' is not an AOTInductor package (.pt2): it is not a zip archive"));
+  }
+  if (read_model_format(file) == model_format::torchscript) {
+    throw error(errc::load_failed, model,
+                concat("'", file.string(),
+                       "' is a TorchScript archive, not an AOTInductor package: load it with "
+                       "torchscript_loader (platform 'pytorch_libtorch')"));
   }
 }
 
@@ -229,6 +236,8 @@ struct aoti_loader {
   //! The options this loader reads (a runner with another loader refuses them).
   using option_blocks = boost::mp11::mp_list<aoti_options>;
   static constexpr std::string_view default_filename = "model.pt2";
+  //! Triton's platform of the models it loads (see torchloom/platform.hpp).
+  static constexpr std::string_view platform = "torch_aoti";
 
   //! The options that change what load() makes (shared_weights shares only equal ones).
   static std::string load_key(const aoti_options& o) {
@@ -640,6 +649,7 @@ struct aoti_loader_unavailable {
   // The loader's shape, so that this assertion is the only error a runner of it reports.
   struct model_type {};
   static constexpr std::string_view default_filename = "model.pt2";
+  static constexpr std::string_view platform = "torch_aoti";
   model_type load(const load_context&) const;
   input_signature signature(const model_type&) const;
   c10::IValue run(model_type&, std::vector<c10::IValue>&&, const run_context&) const;

@@ -223,9 +223,11 @@ TEST_CASE("An AOTInductor package calls the op library's operator on the hook's 
   // scripts/make_aoti_fixtures.py exports the same computation as e2e_model's TorchScript
   // model: lookup(keys, 0) * 2 + lookup(keys, 1).
   TORCHLOOM_REQUIRE_AOTI_FIXTURE(package, "lookup_cpu");
-  e2e_model model;
-  copy_file_with_mode(package / "1" / "model.pt2", model.path() / "1" / "model.pt2", 0644);
+  e2e_options o;
+  o.package = package / "1" / "model.pt2";
+  e2e_model model(o);
   const auto spec = torchloom::model_spec::from_directory(model.path());
+  REQUIRE(spec.platform.name == "torch_aoti");  // the version directory holds model.pt2 alone
   const auto calls = unregister_calls();
   {
     torchloom::model_runner<torchloom::aoti_loader, torchloom::dlopen_hook> r(spec);

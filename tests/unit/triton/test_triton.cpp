@@ -2,6 +2,7 @@
 // of Triton's PyTorch backend, instance_group devices, KIND_MODEL, inputs and outputs by
 // name, model_warmup, and hostile configs and model directories.
 #include "../../support/fixtures.hpp"
+#include "../../support/model_archive.hpp"
 
 #include <torchloom/torchloom.hpp>
 
@@ -13,6 +14,7 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -38,6 +40,10 @@ struct expectation {
   std::string code = "ok";
   std::size_t line = 0;
   std::vector<std::string> messages;
+  std::vector<std::string> files;  // "PATH KIND": made in the model directory first
+  std::optional<std::string> platform;    // the resolved platform ("none": not decided)
+  std::optional<std::string> model_file;  // the model file, relative to the model directory
+  std::optional<std::string> loader;      // what loader_for says
 };
 
 expectation expectation_of(const std::string& text) {
@@ -51,8 +57,32 @@ expectation expectation_of(const std::string& text) {
     if (auto v = value("# expect: ")) e.code = *v;
     if (auto v = value("# line: ")) e.line = std::stoul(*v);
     if (auto v = value("# message: ")) e.messages.push_back(*v);
+    if (auto v = value("# file: ")) e.files.push_back(*v);
+    if (auto v = value("# platform: ")) e.platform = *v;
+    if (auto v = value("# model-file: ")) e.model_file = *v;
+    if (auto v = value("# loader: ")) e.loader = *v;
   }
   return e;
+}
+
+// Makes `<dir>/PATH` as `KIND` says: a TorchScript archive, an AOTInductor package's layout,
+// an empty file, or a directory.
+void make_corpus_file(const fs::path& dir, const std::string& line) {
+  const auto space = line.find(' ');
+  REQUIRE(space != std::string::npos);
+  const fs::path path = dir / line.substr(0, space);
+  const std::string kind = line.substr(space + 1);
+  fs::create_directories(path.parent_path());
+  if (kind == "torchscript") {
+    torchloom_test::make_linear().save(path.string());
+  } else if (kind == "aoti") {
+    torchloom_test::write_package_layout(path);
+  } else if (kind == "empty") {
+    torchloom_test::write_file(path, "");
+  } else {
+    REQUIRE(kind == "dir");
+    fs::create_directories(path);
+  }
 }
 
 // x -> x * 2 + y, with argument names x and y, returning (sum, x).
@@ -81,16 +111,27 @@ TEST_CASE("config corpus: every file loads or fails as Triton would, naming fiel
     fs::create_directories(dir / "1");
     { std::ofstream(dir / "config.pbtxt", std::ios::binary) << text; }
     INFO("config " << entry.path().filename().string());
+    for (const auto& f : want.files) make_corpus_file(dir, f);
     if (want.code == "ok") {
-      CHECK_NOTHROW(model_spec::from_directory(dir));
+      std::optional<model_spec> spec;
+      CHECK_NOTHROW(spec.emplace(model_spec::from_directory(dir)));
+      if (!spec) continue;
+      if (want.platform) {
+        CHECK(spec->platform.name == (*want.platform == "none" ? "" : *want.platform));
+      }
+      if (want.model_file) {
+        CHECK(spec->model_file(spec->platform.default_filename()) == dir / *want.model_file);
+      }
+      if (want.loader) CHECK(torchloom::to_string(torchloom::loader_for(*spec)) == *want.loader);
       continue;
     }
     const auto e = torchloom_test::capture_error([&] { (void)model_spec::from_directory(dir); });
     INFO(e.what());
     CHECK(std::string(torchloom::to_string(e.code())) == want.code);
+    // A platform decided by the version directory's files has no line to name.
     const std::string where =
         (dir / "config.pbtxt").string() + ":" + std::to_string(want.line) + ":";
-    CHECK(torchloom_test::contains(e.what(), where));
+    if (want.line > 0) CHECK(torchloom_test::contains(e.what(), where));
     for (const auto& m : want.messages) {
       INFO("expected in the message: " << m);
       CHECK(torchloom_test::contains(e.what(), m));
