@@ -10,6 +10,7 @@
 #include <torchloom/hook/dlopen_hook_options.hpp>
 #include <torchloom/hook/no_hook.hpp>
 #include <torchloom/hook/static_hook.hpp>
+#include <torchloom/io_names.hpp>
 #include <torchloom/libraries/library_trust.hpp>
 #include <torchloom/loader/aoti.hpp>
 #include <torchloom/loader/aoti_options.hpp>
