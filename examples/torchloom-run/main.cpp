@@ -72,7 +72,8 @@ void print_usage(std::ostream& out) {
       << indent << "Triton-layout model directory; default: the bundled model" << indent
       << TORCHLOOM_BUNDLED_MODEL_DIR << '\n'
       << "  --loader NAME         " << names_of<tl::loader_kind>()
-      << " (default: from the model file's type)\n"
+      << " (default: the model's platform:" << indent
+      << "torch_aoti or a .pt2 package: aoti; pytorch_libtorch: torchscript)\n"
       << "  --hook NAME           " << names_of<tl::hook_kind>()
       << " (default: none; dlopen loads MODEL_INIT_LIBRARY)\n"
       << "  --stream NAME         " << names_of<tl::stream_kind>() << " (default: caller)\n"
@@ -196,18 +197,6 @@ cli_args parse_args(int argc, char** argv) {
   return a;
 }
 
-// Without --loader: a .pt2 file (given, named by config.pbtxt's default_model_filename, or
-// the only model file in the version directory) is an AOTInductor package.
-tl::loader_kind loader_of(const tl::model_spec& spec) {
-  if (!spec.file.empty()) return tl::loader_for_file(spec.file);
-  const auto& dir = spec.version_directory;
-  if (!dir.empty() && std::filesystem::exists(dir / "model.pt2") &&
-      !std::filesystem::exists(dir / "model.pt")) {
-    return tl::loader_kind::aoti;
-  }
-  return tl::loader_kind::torchscript;
-}
-
 }  // namespace
 }  // namespace torchloom_run
 
@@ -233,7 +222,9 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
-    args.policies.loader = args.loader ? *args.loader : loader_of(spec);
+    // Without --loader, the model's platform (resolved as Triton's core resolves it) picks the
+    // loader; with it, a runner of the other loader refuses the model, naming both.
+    args.policies.loader = args.loader ? *args.loader : tl::loader_for(spec);
     const std::string name = spec.name;
     tl::with_runner_type(
         args.policies,

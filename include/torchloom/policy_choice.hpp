@@ -12,6 +12,8 @@
 #include <torchloom/loader/aoti.hpp>
 #include <torchloom/loader/torchscript.hpp>
 #include <torchloom/model_runner.hpp>
+#include <torchloom/model_spec.hpp>
+#include <torchloom/platform.hpp>
 #include <torchloom/residency/mapped.hpp>
 #include <torchloom/residency/resident.hpp>
 #include <torchloom/residency/shared.hpp>
@@ -101,9 +103,27 @@ E parse_policy(std::string_view text, std::string_view model = {}) {
   return out;
 }
 
-//! The loader a model file calls for: aoti for a `.pt2` package, torchscript otherwise.
+//! The loader a model file's name calls for: aoti for a `.pt2` package, torchscript
+//! otherwise. loader_for(model_spec) is the rule for a model: its platform, else the file's
+//! content.
 inline loader_kind loader_for_file(const std::filesystem::path& file) {
   return file.extension() == ".pt2" ? loader_kind::aoti : loader_kind::torchscript;
+}
+
+//! The loader a model calls for, as Triton chooses its PyTorch backend's path: the model's
+//! platform (`torch_aoti`: aoti; `pytorch_libtorch`, `libtorch`: torchscript), resolved by
+//! model_spec::from_directory and from_file (see resolve_platform). A spec whose platform is
+//! not set (built by hand) is resolved here from its config and version directory, else from
+//! its file's content or name; torchscript when nothing decides (its loader then reports the
+//! missing model.pt). A program that picks its runner at run time (a CLI, a serving backend)
+//! passes this to with_runner_type; a runner of the other loader refuses the spec.
+inline loader_kind loader_for(const model_spec& spec) {
+  model_platform p = spec.platform;
+  if (p.name.empty() && (spec.config || !spec.version_directory.empty())) {
+    p = resolve_platform(spec.config ? &*spec.config : nullptr, spec.version_directory);
+  }
+  if (p.name.empty() && !spec.file.empty()) p = detail::platform_of_file(spec.file, "");
+  return p.name == aoti_platform ? loader_kind::aoti : loader_kind::torchscript;
 }
 
 //! A runner's four policies, chosen at run time. The defaults are model_runner's.

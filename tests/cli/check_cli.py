@@ -8,10 +8,16 @@ json     --stream pool --residency shared --threads 4 --json runs the bundled mo
          prints JSON that parses, with the context and the statistics
 errors   a model error is printed alone (no usage text) with exit status 1; bad usage
          exits 2 with the usage text; --name=value works like --name value
+platform the model's platform picks the loader: Triton's alias `libtorch` runs, a
+         `torch_aoti` config beside a TorchScript file is one line naming both, and so is
+         --loader aoti on a TorchScript model
 """
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 
 def run(binary, *args):
@@ -112,8 +118,55 @@ def check_errors(binary):
     expect("p99 needs at least 100 runs" in out, "a note when p99 is the maximum", out)
 
 
+def bundled_model(binary):
+    """The bundled model's directory, as --help names it."""
+    _, out, _ = run(binary, "--help")
+    path = next((w for w in out.split() if w.rstrip("/").endswith("tiny_mlp")), None)
+    expect(path is not None and os.path.isdir(path), "--help names the bundled model", out)
+    return path
+
+
+def check_platform(binary):
+    bundled = bundled_model(binary)
+    with open(os.path.join(bundled, "config.pbtxt"), encoding="utf-8") as f:
+        config = f.read()
+    expect('platform: "pytorch_libtorch"' in config, "the bundled config names its platform",
+           config)
+    with tempfile.TemporaryDirectory() as tmp:
+        def repository(name, platform, model_file):
+            d = os.path.join(tmp, name)
+            os.makedirs(os.path.join(d, "1"))
+            shutil.copy(os.path.join(bundled, "1", "model.pt"), os.path.join(d, "1", model_file))
+            with open(os.path.join(d, "config.pbtxt"), "w", encoding="utf-8") as f:
+                f.write(config.replace('platform: "pytorch_libtorch"', f'platform: "{platform}"'))
+            return d
+
+        alias = repository("alias", "libtorch", "model.pt")
+        rc, out, err = run(binary, alias, "--iterations=2", "--warmup=0", "--json")
+        expect(rc == 0, "platform libtorch runs", out, err)
+        expect(json.loads(out)["context"]["policies"]["loader"] == "torchscript",
+               "platform libtorch picks the TorchScript loader", out)
+
+        mislabelled = repository("mislabelled", "torch_aoti", "model.pt2")
+        rc, out, err = run(binary, mislabelled)
+        lines = [l for l in err.splitlines() if l.strip()]
+        expect(rc == 1 and len(lines) == 1 and "usage" not in err,
+               "a torch_aoti config beside a TorchScript file is one line, exit 1", out, err)
+        for part in ["config.pbtxt:", "platform 'torch_aoti'", "is a TorchScript archive",
+                     'set platform: "pytorch_libtorch"']:
+            expect(part in lines[0], f"the contradiction names {part}", err)
+
+        rc, out, err = run(binary, alias, "--loader", "aoti")
+        lines = [l for l in err.splitlines() if l.strip()]
+        expect(rc == 1 and len(lines) == 1 and "usage" not in err,
+               "--loader aoti on a TorchScript model is one line, exit 1", out, err)
+        expect("platform 'libtorch' calls for a TorchScript archive" in lines[0]
+               or "no runner for loader=aoti" in lines[0],
+               "--loader aoti on a TorchScript model says why", err)
+
+
 CHECKS = {"help": check_help, "version": check_version, "json": check_json,
-          "errors": check_errors}
+          "errors": check_errors, "platform": check_platform}
 
 if __name__ == "__main__":
     CHECKS[sys.argv[1]](sys.argv[2])

@@ -141,13 +141,7 @@ E policy_parameter(const model_spec& spec, const std::string& key, E fallback) {
 //! build does not have.
 policy_choice choose_policies(const model_spec& spec) {
   policy_choice c;
-  fs::path file = spec.file;
-  if (file.empty()) {
-    std::error_code ec;
-    const bool has_pt = fs::exists(spec.version_directory / "model.pt", ec);
-    if (!has_pt && fs::exists(spec.version_directory / "model.pt2", ec)) file = "model.pt2";
-  }
-  c.loader = loader_for_file(file);
+  c.loader = loader_for(spec);
   c.hook = policy_parameter(spec, "TORCHLOOM_HOOK", spec.options.model_init_library.empty()
                                                         ? hook_kind::none
                                                         : hook_kind::dlopen);

@@ -1,12 +1,15 @@
 #pragma once
 #include <torchloom/concepts/loader.hpp>
 #include <torchloom/concepts/weight_access.hpp>
+#include <torchloom/loader/aoti_call_spec.hpp>
 #include <torchloom/loader/aoti_metadata.hpp>
 #include <torchloom/detail/config.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/detail/torch_error.hpp>
 #include <torchloom/error.hpp>
+#include <torchloom/io_names.hpp>
 #include <torchloom/loader/aoti_options.hpp>
+#include <torchloom/model_format.hpp>
 #include <torchloom/weights/weight_graph.hpp>
 #include <torchloom/signature.hpp>
 
@@ -57,6 +60,7 @@ struct aoti_model {
   //! a call only (the launch; the GPU work of two calls on two streams still overlaps).
   std::unique_ptr<std::mutex> single_run;
   input_signature inputs;  //!< count and names from the package, dtype/shape where declared
+  io_names names;  //!< Triton's forward-based names of its inputs and outputs (call spec)
   std::unordered_map<std::string, std::string> metadata;  //!< the package's metadata map
   c10::Device device{c10::kCPU};  //!< where it runs
   //! A package exported for streaming: its constants as installed (the weights on the
@@ -86,6 +90,12 @@ inline void check_package_file(const std::string& model, const std::filesystem::
     throw error(errc::load_failed, model,
                 concat("'", file.string(),
                        "' is not an AOTInductor package (.pt2): it is not a zip archive"));
+  }
+  if (read_model_format(file) == model_format::torchscript) {
+    throw error(errc::load_failed, model,
+                concat("'", file.string(),
+                       "' is a TorchScript archive, not an AOTInductor package: load it with "
+                       "torchscript_loader (platform 'pytorch_libtorch')"));
   }
 }
 
@@ -154,6 +164,26 @@ struct container_inputs : torch::inductor::AOTIModelContainerRunner {
       return names;
     } catch (const std::exception&) {
       return std::nullopt;  // a library without the symbol: fall back to the call spec
+    }
+  }
+};
+
+//! How many outputs the model container returns, through the same entry points; nullopt
+//! where it cannot be read.
+struct container_outputs : torch::inductor::AOTIModelContainerRunner {
+  static std::optional<std::size_t> count(torch::inductor::AOTIModelContainerRunner* runner) {
+    if (runner == nullptr) return std::nullopt;
+    const auto handle = runner->*(&container_outputs::container_handle_);
+    at::DynamicLibrary* library = (runner->*(&container_outputs::model_so_)).get();
+    if (handle == nullptr || library == nullptr) return std::nullopt;
+    try {
+      const auto count_fn = reinterpret_cast<decltype(&AOTInductorModelContainerGetNumOutputs)>(
+          library->sym("AOTInductorModelContainerGetNumOutputs"));
+      std::size_t n = 0;
+      if (count_fn(handle, &n) != 0) return std::nullopt;
+      return n;
+    } catch (const std::exception&) {
+      return std::nullopt;
     }
   }
 };
@@ -236,6 +266,8 @@ struct aoti_loader {
   //! The options this loader reads (a runner with another loader refuses them).
   using option_blocks = boost::mp11::mp_list<aoti_options>;
   static constexpr std::string_view default_filename = "model.pt2";
+  //! Triton's platform of the models it loads (see torchloom/platform.hpp).
+  static constexpr std::string_view platform = "torch_aoti";
 
   //! The options that change what load() makes (shared_weights shares only equal ones).
   static std::string load_key(const aoti_options& o) {
@@ -288,6 +320,7 @@ struct aoti_loader {
     const bool single_threaded = ctx.graph_capture || opts.aoti_num_runners.value == 1;
     std::vector<std::string> call_spec;
     std::optional<std::vector<std::string>> container;
+    std::optional<std::size_t> output_count;
     try {
       // A package exported for streaming calls it; torch resolves its calls at load.
       detail::register_stream_weight_op();
@@ -301,6 +334,7 @@ struct aoti_loader {
       m.metadata = m.package->get_metadata();
       call_spec = m.package->get_call_spec();
       container = detail::container_inputs::read(m.package->get_runner());
+      output_count = detail::container_outputs::count(m.package->get_runner());
     } catch (const error&) {
       throw;
     } catch (const std::exception& e) {
@@ -320,6 +354,7 @@ struct aoti_loader {
     }
     check_device(name, file, m.metadata, ctx.device);
     m.inputs = declared_inputs(name, file, m.metadata, call_spec, container);
+    m.names = detail::name_call_spec(call_spec, container, output_count);
     m.device = ctx.device;
     if (m.metadata.contains(std::string(detail::aoti_stream_weights_key))) {
       install_package_weights(m, ctx, weights_on_device);
@@ -385,6 +420,10 @@ struct aoti_loader {
 
   //! The inputs load() found.
   input_signature signature(const model_type& m) const { return m.inputs; }
+
+  //! The forward-based names of the package's inputs and outputs, from its call spec (see
+  //! detail::name_call_spec).
+  io_names names(const model_type& m) const { return m.names; }
 
   //! Runs on `rc.stream` of `rc.device`. One output comes back as a Tensor, several as a
   //! tuple (run() flattens both).
@@ -678,6 +717,7 @@ struct aoti_loader_unavailable {
   // The loader's shape, so that this assertion is the only error a runner of it reports.
   struct model_type {};
   static constexpr std::string_view default_filename = "model.pt2";
+  static constexpr std::string_view platform = "torch_aoti";
   model_type load(const load_context&) const;
   input_signature signature(const model_type&) const;
   c10::IValue run(model_type&, std::vector<c10::IValue>&&, const run_context&) const;

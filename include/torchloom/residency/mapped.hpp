@@ -89,6 +89,7 @@ class weight_map final : public weight_source {
     if (!device_.is_cuda()) return;  // a CPU package's constants are host memory already
     try {
       const auto constants = Access::constants(m);
+      if (constants.empty()) return;  // a package without weights: nothing to map
       std::vector<weight_read> reads;
       std::vector<std::string> names;
       for (const auto& [fqn, t] : constants) {
