@@ -144,8 +144,9 @@ def anchor(heading):
 
 
 def check_links(root):
-    """Links to a heading that its page lacks: (where, problem) pairs. A link to a page that
-    does not exist is left alone (pages may come from elsewhere)."""
+    """Links to a file that does not exist, or to a heading that its page lacks: (where,
+    problem) pairs. A link to a docs/*.md page that does not exist is left alone (pages come
+    from other branches of the work too)."""
     anchors = {}
     problems = []
     link = re.compile(r"\]\(([^)\s]+)\)")
@@ -158,12 +159,16 @@ def check_links(root):
             if in_code:
                 continue
             for target in link.findall(line):
-                if "://" in target or "#" not in target:
+                if "://" in target or target.startswith("mailto:"):
                     continue
                 path, _, name = target.partition("#")
                 path = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path \
                     else page
-                if not path.endswith(".md") or not os.path.isfile(os.path.join(root, path)):
+                if not os.path.exists(os.path.join(root, path)):
+                    if not (path.startswith("docs" + os.sep) and path.endswith(".md")):
+                        problems.append((f"{page}:{n}", f"{path} does not exist"))
+                    continue
+                if not name or not path.endswith(".md"):
                     continue
                 if path not in anchors:
                     anchors[path] = {anchor(h.lstrip("#")) for h in read(root, path).splitlines()
