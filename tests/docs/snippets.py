@@ -145,8 +145,8 @@ def anchor(heading):
 
 def check_links(root):
     """Links to a file that does not exist, or to a heading that its page lacks: (where,
-    problem) pairs. A link to a docs/*.md page that does not exist is left alone (pages come
-    from other branches of the work too)."""
+    problem) pairs. A link to a docs/*.md page that does not exist is left alone: such a
+    page is named before it is written."""
     anchors = {}
     problems = []
     link = re.compile(r"\]\(([^)\s]+)\)")
