@@ -91,14 +91,21 @@ std::vector<std::string> policy_names() {
 }
 
 //! Parses a policy's name (exact, lower case). Throws invalid_option naming the text, the
-//! role and the valid names; `model` is the model the choice is for (may be empty).
+//! role, the close names ("did you mean 'pool'?") and the valid names; `model` is the model
+//! the choice is for (may be empty).
 template <policy_kind E>
 E parse_policy(std::string_view text, std::string_view model = {}) {
   E out{};
   if (!boost::describe::enum_from_string(std::string(text).c_str(), out)) {
+    const std::vector<std::string> names = policy_names<E>();
+    const std::string valid = detail::quoted_list(names, " or ");
+    const std::string near = detail::did_you_mean(text, names);
     throw error(errc::invalid_option, std::string(model),
-                detail::concat("'", text, "' is not a ", role_name<E>(), " policy; use ",
-                               detail::quoted_list(policy_names<E>(), " or ")));
+                near.empty()
+                    ? detail::concat("'", detail::printable(text, 64), "' is not a ",
+                                     role_name<E>(), " policy; use ", valid)
+                    : detail::concat("'", detail::printable(text, 64), "' is not a ",
+                                     role_name<E>(), " policy", near, " (use ", valid, ")"));
   }
   return out;
 }

@@ -82,6 +82,22 @@ TEST_CASE("an unknown policy name is invalid_option naming it, its role and the 
                         "'Shared'", "residency policy", "'resident', 'shared', 'streamed' or 'mapped'");
 }
 
+TEST_CASE("an unknown policy name close to a valid one suggests it, as option keys do",
+          "[choice]") {
+  CHECK_TORCHLOOM_ERROR(torchloom::parse_policy<stream_kind>("polo"), errc::invalid_option,
+                        "'polo' is not a stream policy; did you mean 'pool'?",
+                        "'caller', 'pool', 'adaptive' or 'green'");
+  CHECK_TORCHLOOM_ERROR(torchloom::parse_policy<residency_kind>("Shared"), errc::invalid_option,
+                        "did you mean 'shared'?");
+  CHECK_TORCHLOOM_ERROR(torchloom::parse_policy<hook_kind>("dlopn"), errc::invalid_option,
+                        "did you mean 'dlopen'?");
+  // Nothing close: the valid names alone, no guess.
+  const auto far = torchloom_test::capture_error(
+      [] { (void)torchloom::parse_policy<stream_kind>("tensorrt"); });
+  CHECK_FALSE(torchloom_test::contains(far.what(), "did you mean"));
+  CHECK(torchloom_test::contains(far.what(), "use 'caller', 'pool', 'adaptive' or 'green'"));
+}
+
 TEST_CASE("the loader follows the file type", "[choice]") {
   CHECK(torchloom::loader_for_file("models/x/1/model.pt2") == loader_kind::aoti);
   CHECK(torchloom::loader_for_file("models/x/1/model.pt") == loader_kind::torchscript);
