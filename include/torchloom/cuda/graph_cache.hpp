@@ -5,6 +5,9 @@
 #error \
     "torchloom/cuda/graph_cache.hpp needs CUDA: link torchloom::cuda (a CUDA toolkit and a CUDA build of torch)"
 #endif
+#if TORCHLOOM_TORCH_VERSION < 20100
+#error "torchloom/cuda/graph_cache.hpp needs LibTorch >= 2.1 (relaxed-mode capture, pool routing)"
+#endif
 
 #include <torchloom/concepts/stream_policy.hpp>
 #include <torchloom/context.hpp>

@@ -18,8 +18,14 @@
 #include <string_view>
 #include <utility>
 
-#if TORCHLOOM_HAS_CUDA
+// CUDA graphs need LibTorch >= 2.1: before, torch captures in global mode only, which any CUDA
+// call of another thread (another runner's allocation) breaks. Below it graphed<S> refuses
+// CUDA devices (see its constructor).
+#if TORCHLOOM_HAS_CUDA && TORCHLOOM_TORCH_VERSION >= 20100
+#define TORCHLOOM_CUDA_GRAPHS 1
 #include <torchloom/cuda/graph_cache.hpp>
+#else
+#define TORCHLOOM_CUDA_GRAPHS 0
 #endif
 
 namespace torchloom {
@@ -70,16 +76,16 @@ class graphed {
                   "a CUDA graph capture under way on another thread (and a graph keeps its "
                   "memory in a pool of its own anyway); turn one of them off");
     }
-#if TORCHLOOM_HAS_CUDA
+#if TORCHLOOM_HAS_CUDA && !TORCHLOOM_CUDA_GRAPHS
     if (ctx.device.is_cuda()) {
-      if constexpr (TORCHLOOM_TORCH_VERSION < 20100) {
-        // Before 2.1 torch captures in global mode only: any CUDA call another thread makes
-        // during a capture (another runner's allocation) breaks it.
-        throw error(errc::unsupported, ctx.name,
-                    "graphed<Stream> needs LibTorch >= 2.1 on a CUDA device (older versions "
-                    "capture in a mode that other threads' CUDA calls break); use the plain "
-                    "stream policy");
-      }
+      throw error(errc::unsupported, ctx.name,
+                  "graphed<Stream> needs LibTorch >= 2.1 on a CUDA device (older versions "
+                  "capture in a mode that other threads' CUDA calls break); use the plain "
+                  "stream policy");
+    }
+#endif
+#if TORCHLOOM_CUDA_GRAPHS
+    if (ctx.device.is_cuda()) {
       // A green context's kernels must be captured in that context (a kernel node runs in the
       // context it was captured in, wherever the graph is launched), on a stream of the
       // cache's own: the policy's stream is shared by every runner of the configuration.
@@ -96,7 +102,7 @@ class graphed {
   //! of the kind the body returns (c10::IValue or std::vector<at::Tensor>).
   template <class Inputs, class Body>
   detail::run_result_t<Body, Inputs> execute(c10::Device device, Inputs inputs, Body&& body) {
-#if TORCHLOOM_HAS_CUDA
+#if TORCHLOOM_CUDA_GRAPHS
     if (cache_ && device.is_cuda()) {
       return cache_->run(inner_, device, std::move(inputs), std::forward<Body>(body));
     }
@@ -110,7 +116,7 @@ class graphed {
 
   //! Captures, replays, eager runs and evictions so far (all zero on CPU).
   graph_stats stats() const {
-#if TORCHLOOM_HAS_CUDA
+#if TORCHLOOM_CUDA_GRAPHS
     if (cache_) return cache_->stats();
 #endif
     return {};
@@ -118,7 +124,7 @@ class graphed {
 
  private:
   Stream inner_;
-#if TORCHLOOM_HAS_CUDA
+#if TORCHLOOM_CUDA_GRAPHS
   std::unique_ptr<cuda::graph_cache> cache_;
 #endif
 };

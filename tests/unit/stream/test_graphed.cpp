@@ -452,7 +452,7 @@ TEST_CASE("CUDA: graphed replays are bitwise the eager run, AOTInductor",
 TEST_CASE("CUDA: a replay that fails after its launch still orders the next replay after it",
           "[stream][graphs][cuda][hazards]") {
   TORCHLOOM_REQUIRE_CUDA();
-#if TORCHLOOM_HAS_CUDA
+#if TORCHLOOM_CUDA_GRAPHS
   model_dir m(torchloom_test::make_slow_chain());
   ts_runner<torchloom::caller_stream> plain(m.spec(), gpu);
   ts_runner<graphed<torchloom::caller_stream>> g(m.spec(), gpu);
