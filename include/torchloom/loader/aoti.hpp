@@ -235,6 +235,25 @@ struct container_constants : torch::inductor::AOTIModelContainerRunner {
   }
 };
 
+//! Makes `views` (every constant, by name, user-managed: the package keeps only their
+//! addresses) the package's active constants and frees the package's own copies. It goes
+//! through torch's two constant buffers twice, so that the first buffer is the active one in
+//! the end: torch's single-threaded runner (2.6 to 2.11) checks the first buffer's state on
+//! every run whichever buffer is active, and once that buffer is freed (as swapping to the
+//! second one and freeing the inactive one does) every run after the first fails with
+//! "Unknown constant state: NONE".
+template <class Package>
+void install_user_constants(Package& package,
+                            std::unordered_map<std::string, at::Tensor>& views) {
+  auto* runner = package.get_runner();
+  for (int pass = 0; pass < 2; ++pass) {
+    package.load_constants(views, /*use_inactive=*/true, /*check_full_update=*/true,
+                           /*user_managed=*/true);
+    runner->swap_constant_buffer();
+    runner->free_inactive_constant_buffer();
+  }
+}
+
 //! One lock for every package load in the process: some LibTorch versions parse a package's
 //! JSON files into a function-local static, which two loads at once would share.
 inline std::mutex& package_load_mutex() {
@@ -396,12 +415,8 @@ struct aoti_loader {
       }
       std::optional<c10::DeviceGuard> guard;
       if (ctx.device.is_cuda()) guard.emplace(ctx.device);
-      auto* runner = m.package->get_runner();
       auto views = detail::unowned_views(constants);  // the model keeps the owners
-      m.package->load_constants(views, /*use_inactive=*/true, /*check_full_update=*/true,
-                                /*user_managed=*/true);
-      runner->swap_constant_buffer();
-      runner->free_inactive_constant_buffer();
+      detail::install_user_constants(*m.package, views);
     } catch (const error&) {
       throw;
     } catch (const std::exception& e) {
@@ -613,12 +628,8 @@ struct weight_access<Loader> {
   //! the other.
   static void replace_constants(aoti_model& m,
                                 std::unordered_map<std::string, at::Tensor>& replacement) {
-    auto* runner = m.package->get_runner();
     auto views = detail::unowned_views(replacement);  // the caller keeps the owners
-    m.package->load_constants(views, /*use_inactive=*/true, /*check_full_update=*/true,
-                              /*user_managed=*/true);
-    runner->swap_constant_buffer();
-    runner->free_inactive_constant_buffer();
+    detail::install_user_constants(*m.package, views);
     // A streaming package's weights, installed from weights.pt, or its placeholders and the
     // host weights they stood for.
     m.weights.clear();
