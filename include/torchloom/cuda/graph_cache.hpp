@@ -20,6 +20,7 @@
 #include <torchloom/stream/graph_options.hpp>
 #include <torchloom/stream/graph_stats.hpp>
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
@@ -95,11 +96,6 @@ class graph_cache {
       capture_stream_ = owned_stream(s);
     }
     pool_ = at::cuda::graph_pool_handle();
-    // The cache's own reference to the pool: each capture takes one and each graph gives its
-    // back when it goes, so without this one the pool would go (or, with blocks still out, be
-    // left at no references, which torch's next capture into it asserts against) once every
-    // graph was evicted.
-    held_ = hold_pool(device_.index(), pool_);
     // torch's switch for its uncached allocator (read as torch reads it): tensors freed at
     // the end of a capture are then given back to CUDA while the graph still uses them, so
     // nothing is captured.
@@ -260,6 +256,12 @@ class graph_cache {
     return v.isTensor() ? &v.toTensor() : nullptr;
   }
 
+  // Whether two elements of `t` share memory (an expanded input's stride 0): such a layout
+  // cannot be a buffer that inputs are copied into. Where torch cannot tell, yes.
+  static bool overlapping(const at::Tensor& t) {
+    return !t.is_non_overlapping_and_dense() && at::has_internal_overlap(t) != at::MemOverlap::No;
+  }
+
   template <class T>
   static void append(std::string& key, T v) {
     key.append(reinterpret_cast<const char*>(&v), sizeof v);
@@ -267,8 +269,8 @@ class graph_cache {
 
   // Shapes, dtypes, layouts and devices of the inputs, with the batch dimension replaced by
   // its bucket. The layout decides the graph's input buffer (see capture()): contiguous;
-  // dense in another order (with its strides, which the buffer copies); or anything else
-  // (broadcast, gapped), copied into a contiguous buffer. Empty when an input is not a tensor
+  // another layout without overlap (with its strides, which the buffer copies); or an
+  // overlapping one (broadcast), copied into a contiguous buffer. Empty when an input is not a tensor
   // on the runner's device: such runs stay eager.
   template <class Inputs>
   std::optional<signature> signature_of(const Inputs& inputs) const {
@@ -291,7 +293,7 @@ class graph_cache {
     if (same_batch && batch > 0) bucket = buckets_.bucket_for(batch);
     for (const auto& v : inputs) {
       const at::Tensor& t = *tensor_of(v);
-      const std::int8_t layout = t.is_contiguous() ? 0 : t.is_non_overlapping_and_dense() ? 1 : 2;
+      const std::int8_t layout = t.is_contiguous() ? 0 : overlapping(t) ? 2 : 1;
       append(sig.key, static_cast<std::int8_t>(t.scalar_type()));
       append(sig.key, layout);
       append(sig.key, static_cast<std::int8_t>(t.dim()));
@@ -396,14 +398,22 @@ class graph_cache {
           // Padding rows are zeros at first, then whatever the last larger batch left there:
           // rows are independent, so they never reach the real rows' outputs.
           e.static_inputs.push_back(at::zeros(shape, t.options()));
-        } else if (t.is_non_overlapping_and_dense()) {
+        } else if (!overlapping(t)) {
+          // The input's own layout (dense in another order, or a view with gaps): the graph's
+          // kernels are the ones an eager run on it launches.
           e.static_inputs.push_back(at::empty_strided(t.sizes(), t.strides(), t.options()));
         } else {
-          // Broadcast (stride 0) or gapped: a buffer must hold each element once.
+          // Broadcast (stride 0) or otherwise overlapping: a buffer holds each element once.
           e.static_inputs.push_back(at::empty(t.sizes(), t.options()));
         }
       }
       copy_in(e, inputs, sig, run_stream.stream());
+      // The cache's own reference to the pool, taken at the first capture (torch's allocator
+      // is set up by then): each capture takes one and each graph gives its back when it
+      // goes, so without this one the pool would go (or, with blocks still out, be left at no
+      // references, which torch's next capture into it asserts against) once every graph was
+      // evicted.
+      if (!held_.device && !held_.host) held_ = hold_pool(device_.index(), pool_);
       const c10::cuda::CUDAStream capture_stream =
           c10::cuda::getStreamFromExternal(capture_stream_.get(), device_.index());
       check(cudaEventRecord(ready_.get(), run_stream.stream()), "cudaEventRecord");
