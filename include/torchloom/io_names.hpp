@@ -25,6 +25,9 @@ struct io_names {
   //! export (`KWARGS[use_cache]` for `use_cache=False`).
   std::vector<std::string> fixed_inputs;
   std::string inputs_unknown;   //!< why `inputs` is empty although forward_based (a sentence)
+  //! Where `inputs` could not be told because the call spec has more input leaves than the
+  //! package has inputs: every leaf's name, in order (see resolve_inputs).
+  std::vector<std::string> leaves;
   std::string outputs_unknown;  //!< why `outputs` is empty although forward_based
   std::optional<std::size_t> output_count;  //!< how many outputs the model returns, if known
 
@@ -46,6 +49,39 @@ struct io_names {
     auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
     if (ec != std::errc{} || end != digits.data() + digits.size()) return std::nullopt;
     return v;
+  }
+
+  //! Where the inputs could not be told from the package (see `leaves`): takes them from the
+  //! forward-based names `declared` (a config.pbtxt's inputs) when exactly `package_inputs`
+  //! of them name leaves: those leaves are the package's inputs, in the call spec's order, and
+  //! the others are values fixed at export. Otherwise adds to `inputs_unknown` how a config
+  //! can say which leaves the inputs are. Does nothing where the inputs are known.
+  void resolve_inputs(const std::vector<std::string>& declared, std::size_t package_inputs) {
+    if (!inputs.empty() || leaves.empty()) return;
+    std::vector<bool> named(leaves.size(), false);
+    std::size_t count = 0;
+    for (const auto& d : declared) {
+      for (std::size_t i = 0; i < leaves.size(); ++i) {
+        if (leaves[i] == d && !named[i]) {
+          named[i] = true;
+          ++count;
+        }
+      }
+    }
+    if (count == package_inputs && count > 0) {
+      fixed_inputs.clear();
+      for (std::size_t i = 0; i < leaves.size(); ++i) {
+        (named[i] ? inputs : fixed_inputs).push_back(leaves[i]);
+      }
+      inputs_unknown.clear();
+      return;
+    }
+    if (inputs_unknown.find("config.pbtxt") == std::string::npos) {
+      inputs_unknown += detail::concat(
+          "; a config.pbtxt that declares the package's ", package_inputs,
+          " tensor inputs by their forward-based names (of ",
+          detail::quoted_list(leaves, " and "), ") says which leaves they are");
+    }
   }
 
   //! The input a forward-based name stands for.

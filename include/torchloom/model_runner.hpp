@@ -308,7 +308,14 @@ class model_runner {
     }
     input_signature sig = loader_.signature(weights_.model());
     if constexpr (requires { loader_.names(weights_.model()); }) {
-      core_.set_names(loader_.names(weights_.model()));  // binds the config's outputs
+      io_names names = loader_.names(weights_.model());
+      if (core_.spec().config) {
+        // Which call-spec leaves are the package's inputs, where only the config can say.
+        std::vector<std::string> declared;
+        for (const auto& d : core_.spec().config->inputs) declared.push_back(d.name);
+        names.resolve_inputs(declared, sig.size());
+      }
+      core_.set_names(std::move(names));  // binds the config's outputs
     }
     if (core_.spec().config) {
       sig = detail::merge_config_inputs(std::move(sig), *core_.spec().config, core_.name(),

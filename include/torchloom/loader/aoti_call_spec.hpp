@@ -258,6 +258,9 @@ inline io_names name_call_spec(const std::vector<std::string>& call_spec,
     names.inputs_unknown = counts;
     return names;
   }
+  // Kept for a config.pbtxt that says which leaves are the inputs (io_names::resolve_inputs)
+  // where the names below cannot.
+  names.leaves = leaf_names();
   // Each graph input's earliest and latest possible leaf: the match is the only one when
   // they agree for every input.
   std::vector<std::size_t> first(graph.size());

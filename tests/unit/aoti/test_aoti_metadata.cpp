@@ -242,6 +242,32 @@ TEST_CASE("call spec names: graph inputs matched by name, or no names rather tha
         strings{"ARGS[0]"});
 }
 
+// torch 2.11 names a plain package's inputs arg<N>_<M>: with a value fixed at export among
+// the leaves (BERT's return_dict=True), only the config can say which leaves are inputs.
+TEST_CASE("call spec names: a config that names the inputs says which leaves they are",
+          "[aoti]") {
+  const std::string out = spec(leaf());
+  const auto spec_of_bert = std::vector<std::string>{
+      inputs_spec({}, dict(R"(["input_ids", "attention_mask", "return_dict"])",
+                           {leaf(), leaf(), leaf()})),
+      out};
+  auto names = name_call_spec(spec_of_bert, strings{"arg41_1", "arg42_1"}, 1);
+  REQUIRE(names.inputs.empty());
+  CHECK(names.leaves == strings{"KWARGS[input_ids]", "KWARGS[attention_mask]",
+                                "KWARGS[return_dict]"});
+  names.resolve_inputs({"KWARGS[attention_mask]", "KWARGS[input_ids]"}, 2);
+  CHECK(names.inputs == strings{"KWARGS[input_ids]", "KWARGS[attention_mask]"});
+  CHECK(names.fixed_inputs == strings{"KWARGS[return_dict]"});
+  CHECK(names.inputs_unknown.empty());
+  CHECK(torchloom_contains(names.why_not("KWARGS[return_dict]"), "fixed when the model was"));
+  // A config that names one leaf too few (or ordinal names only) leaves them unknown, and
+  // says what would tell.
+  auto too_few = name_call_spec(spec_of_bert, strings{"arg41_1", "arg42_1"}, 1);
+  too_few.resolve_inputs({"KWARGS[input_ids]", "INPUT__1"}, 2);
+  CHECK(too_few.inputs.empty());
+  CHECK(torchloom_contains(too_few.inputs_unknown, "declares the package's 2 tensor inputs"));
+}
+
 TEST_CASE("call spec names: other node types are refused by name; counts must agree",
           "[aoti]") {
   const std::string in = inputs_spec({leaf()}, dict("[]", {}));
