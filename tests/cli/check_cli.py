@@ -166,9 +166,9 @@ def check_errors(binary):
                        "MODEL_INIT_LIBRARY", "add --hook dlopen")
     expect_model_error(binary, ["--set", "WEIGHT_OFFLOAD_BUDGET_MB=64"], "invalid_option",
                        "add --residency streamed or --residency mapped")
-    # graphed<Stream> has no flag: said so, not left to be ignored.
+    # graphed<Stream>'s keys: the stream kind that wraps the caller's stream in it.
     expect_model_error(binary, ["--set", "CUDA_GRAPH_MAX_SHAPES=3"], "invalid_option",
-                       "graphed<Stream>", "no flag of torchloom-run adds it")
+                       "graphed<Stream>", "add --stream graphed_caller")
 
     expect_usage_error(binary, ["--stream=polo"], "'polo' is not a stream policy",
                        "did you mean 'pool'?",

@@ -86,7 +86,8 @@ TEST_CASE("an unknown policy name close to a valid one suggests it, as option ke
           "[choice]") {
   CHECK_TORCHLOOM_ERROR(torchloom::parse_policy<stream_kind>("polo"), errc::invalid_option,
                         "'polo' is not a stream policy; did you mean 'pool'?",
-                        "'caller', 'pool', 'adaptive' or 'green'");
+                        "'caller', 'pool', 'adaptive', 'green', 'green_complement' or "
+                        "'graphed_caller'");
   CHECK_TORCHLOOM_ERROR(torchloom::parse_policy<residency_kind>("Shared"), errc::invalid_option,
                         "did you mean 'shared'?");
   CHECK_TORCHLOOM_ERROR(torchloom::parse_policy<hook_kind>("dlopn"), errc::invalid_option,
