@@ -72,9 +72,10 @@ The inductor settings with offload:
   reorder_for_peak_memory=False
       keeps each fetch next to the op that reads it;
   always_keep_tensor_constants=keep_small_tensors, freezing=False,
-  aot_inductor.use_runtime_constant_folding=False
+  aot_inductor.use_runtime_constant_folding=False, joint_graph_constant_folding=False
       the constants the package keeps are the ones the helper decided on: no constant folded
-      into another at compile time or at load.
+      into another (or made by folding, as a _tensor_constant<N> of inductor's) at compile
+      time or at load.
 Without offload the package is compiled as usual (its constants inside), with no weights.pt
 and no "torchloom.stream_weights" entry.
 
@@ -677,6 +678,7 @@ def export_model(model, example_inputs, out_dir, *, example_kwargs=None, name=No
             "reorder_for_peak_memory": False,
             "always_keep_tensor_constants": bool(keep_small_tensors),
             "freezing": False,
+            "joint_graph_constant_folding": False,
         })
         print(f"torchloom_export: {name}: {plan.summary()}", flush=True)
     inductor_configs["aot_inductor.metadata"] = metadata
