@@ -2,17 +2,18 @@
 # Builds and runs everything on the GPU machine: configure, build, the tests (ctest, [cuda]
 # tests included), then every bench/bm_* benchmark and the Python peers, then the report.
 #
-#   OUT=/some/dir bash scripts/gpu.sh [all|test|bench]     (from the repository root; OUT
-#                                                            defaults to ./out-gpu)
+#   OUT=/some/dir bash scripts/gpu.sh [all|build|test|bench]   (from the repository root;
+#                                                                OUT defaults to ./out-gpu)
 #
-#   all    (the default) both phases in one call, as far as the time budget goes;
-#   test   configure, build, make the fixtures, run the tests; the summary is kept in the
-#          build tree for the report;
-#   bench  the benchmarks, the peers and the report (the test phase's summary included); it
-#          builds first where the build tree is missing or out of date.
-# A machine lent for one call at a time runs both phases in two calls, back to back on the
-# warm machine (the build tree and the fixtures stay between them): each fits the call's
-# limit with room, and the second prints the one report.
+#   all    (the default) every phase in one call, as far as the time budget goes;
+#   build  configure, build, and make the fixtures (in the background while the C++ builds);
+#   test   the tests (ctest and the serving stage's); builds first where needed; the summary
+#          is kept in the build tree for the report;
+#   bench  the benchmarks, the peers and the report (the test phase's summary included);
+#          builds first where needed.
+# A machine lent for one call at a time runs the phases in calls back to back on the warm
+# machine (the build tree and the fixtures stay between them), each well inside the call's
+# limit; the last prints the one report.
 #
 # Everything goes to $OUT/gpu-log.txt; stdout stays short (machine, step times, test summary,
 # failures) and ends with the report's Markdown table. $OUT receives: gpu-log.txt,
@@ -38,9 +39,9 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PHASE="${1:-all}"
 case "$PHASE" in
-  all | test | bench) ;;
+  all | build | test | bench) ;;
   *)
-    echo "usage: bash scripts/gpu.sh [all|test|bench]" >&2
+    echo "usage: bash scripts/gpu.sh [all|build|test|bench]" >&2
     exit 2
     ;;
 esac
@@ -115,7 +116,7 @@ log "torch CMake prefix: $TORCH_PREFIX"
 # PyTorch backend in the background now (the core is needed to configure the backend), and
 # prints the prefix to configure with; nothing where the kits did not travel.
 SERVING=""
-if [[ -f scripts/gpu-serving.sh && ($PHASE == test || $PHASE == all) ]]; then
+if [[ -f scripts/gpu-serving.sh && ($PHASE == build || $PHASE == all) ]]; then
   SERVING="$(bash scripts/gpu-serving.sh prepare "$BUILD" "$OUT" 2>>"$LOG" || true)"
   if [[ -n $SERVING ]]; then say "serving: Triton kit at $SERVING"; fi
 elif [[ -f scripts/gpu-serving.sh ]]; then
@@ -178,8 +179,10 @@ start_fixtures() {
     local extra=()
     if [[ $f == aoti ]]; then extra=("${args[@]}"); fi
     if [[ -n ${FIXTURE_ARG[$f]:-} ]]; then extra=("${FIXTURE_ARG[$f]}"); fi
-    timeout 420 python3 "$script" "$PWD/$BUILD/${FIXTURE_DIR[$f]}" "${extra[@]}" \
-      >"$SCRATCH/fixtures-$f.txt" 2>&1 &
+    # Some twenty packages compile beside the C++ build: each with few compile threads, so
+    # that they share the cores rather than fight over them.
+    TORCHINDUCTOR_COMPILE_THREADS=2 timeout 480 python3 "$script" \
+      "$PWD/$BUILD/${FIXTURE_DIR[$f]}" "${extra[@]}" >"$SCRATCH/fixtures-$f.txt" 2>&1 &
     FIXTURE_PID[$f]=$!
   done
   step "fixtures started in the background: ${!FIXTURE_PID[*]}"
@@ -278,11 +281,21 @@ fi
 # The test phase: its verdict goes to $TEST_SUMMARY, which the bench phase's report shows.
 test_rc=0
 fixtures_rc=0
-run_tests() {
+build_all() {
   configure
   start_fixtures
   build
   await_fixtures || fixtures_rc=$?
+  if ((fixtures_rc != 0)); then echo "fixtures FAILED" >"$BUILD/gpu-fixtures-failed"; fi
+  if ((fixtures_rc == 0)); then rm -f "$BUILD/gpu-fixtures-failed"; fi
+}
+
+run_tests() {
+  if [[ $PHASE == test ]]; then
+    if [[ ! -f $BUILD/build.ninja ]]; then configure; fi
+    build
+    if [[ -f $BUILD/gpu-fixtures-failed ]]; then fixtures_rc=1; fi
+  fi
   step "test (ctest -j12)"
   local t
   t=$(min 300 $(($(left) - 60)))
@@ -463,6 +476,10 @@ report() {
 }
 
 case "$PHASE" in
+  build)
+    build_all
+    finish "$fixtures_rc" "built; fixtures $( ((fixtures_rc == 0)) && echo ok || echo FAILED)"
+    ;;
   test)
     run_tests
     status=0
@@ -475,6 +492,7 @@ case "$PHASE" in
     report
     ;;
   all)
+    build_all
     run_tests
     run_benchmarks
     report
