@@ -4,12 +4,14 @@
 // against the package loader's, on the MLP packages scripts/make_aoti_fixtures.py makes
 // (mlp_cpu, mlp_cuda). Same method as bm_overhead: separate raw and runner benchmarks, plus
 // BM_paired_aoti, which alternates raw and runner calls in one loop and decides T1.
+// BM_*_aoti_threads: calls per second from 1, 4 and 8 threads on streams of their own.
 //
 // Without the packages every benchmark reports a skip that says how to make them; with a
 // LibTorch older than 2.6 nothing is registered.
 #include <torchloom/torchloom.hpp>
 
 #include <benchmark/benchmark.h>
+#include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <cstdio>
@@ -210,6 +212,36 @@ void bm_paired_aoti(benchmark::State& state, std::int64_t device_arg, std::int64
   set_paired_counters(state, samples);
 }
 
+// Calls per second from several threads at once, each on a pool stream of its own, as a
+// server's request threads call: the runner (AOTI_NUM_RUNNERS=1: torch's single-threaded
+// runner behind a lock held for the launch only) against the package loader a user writes
+// by hand with one runner (torch's threaded container, which waits on the host for the
+// previous call's GPU work before it takes the next). Each thread waits for its stream at the
+// end, so the count is of finished calls.
+template <bool Runner>
+void bm_aoti_threads(benchmark::State& state, std::int64_t batch) {
+  const c10::Device device("cuda:0");
+  if (cannot_run(state, device)) return;
+  const c10::Stream stream =
+      c10::impl::getDeviceGuardImpl(device.type())->getStreamFromGlobalPool(device);
+  const c10::StreamGuard on(stream);
+  const auto tensors = make_tensors(device, batch);
+  const auto call = [&] {
+    if constexpr (Runner) {
+      auto out = runner(device).run_tensors(tensors);
+      benchmark::DoNotOptimize(out);
+    } else {
+      auto out = raw_call(raw_package(device), tensors, device);
+      benchmark::DoNotOptimize(out);
+    }
+  };
+  warm_up(warmup_calls, call);
+  stream.synchronize();
+  for (auto _ : state) call();
+  stream.synchronize();
+  state.SetItemsProcessed(state.iterations());
+}
+
 // T10: construction and destruction of the package loader a user writes by hand, against the
 // runner's (model spec, options, file check, load, input signature). One untimed round first:
 // the first load in a process pays for torch's and CUDA's own start-up.
@@ -288,6 +320,21 @@ void register_benchmarks() {
     with_spread(
         b->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(paired_load_iterations),
         can ? paired_load_repetitions : 1);
+  }
+  // Made before the threads start: the benchmarks' threads share them.
+  const bool can_cuda = runnable(1);
+  if (can_cuda) {
+    (void)raw_package(c10::Device("cuda:0"));
+    (void)runner(c10::Device("cuda:0"));
+  }
+  for (const int threads : {1, 4, 8}) {
+    for (const auto& [name, fn] : {std::pair{"BM_raw_aoti_threads", &bm_aoti_threads<false>},
+                                   std::pair{"BM_runner_aoti_threads", &bm_aoti_threads<true>}}) {
+      auto* b = benchmark::RegisterBenchmark(
+          (std::string(name) + "/device:cuda:0/batch:256").c_str(), fn, std::int64_t{256});
+      with_p99(b->Unit(benchmark::kMicrosecond)->UseRealTime()->Threads(threads)->MinTime(0.2),
+               can_cuda ? 5 : 1);
+    }
   }
 }
 

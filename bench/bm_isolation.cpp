@@ -28,12 +28,12 @@
 #include <torch/script.h>
 
 #if TORCHLOOM_HAS_CUDA
-#include <dlfcn.h>
 #include <unistd.h>
 #include "bench/support/cuda.hpp"
 #endif
 
 #include "bench/support/fixtures.hpp"
+#include "bench/support/gpu_clock.hpp"
 #include "bench/support/registration.hpp"
 #include "bench/support/stats.hpp"
 
@@ -303,103 +303,6 @@ struct phase {
   double seconds = 0.0;
 };
 
-// The GPU's SM clock and power while a phase runs, from NVML (libnvidia-ml.so.1, opened at
-// run time; NVML index 0 is taken to be cuda:0, the only device this benchmark uses). A
-// saturating co-tenant can draw the board to its power limit, and the driver then lowers the
-// clock of every SM, the victim's partition included: green contexts divide SMs, not power.
-class clock_sampler {
- public:
-  struct summary {
-    double sm_mhz = 0;       // mean SM clock
-    double power_w = 0;      // mean board power
-    double power_capped = 0; // share of samples with a power-cap clock reason
-  };
-
-  clock_sampler() {
-    lib_ = ::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (lib_ == nullptr) return;
-    const auto sym = [this](const char* name) { return ::dlsym(lib_, name); };
-    init_ = reinterpret_cast<int (*)()>(sym("nvmlInit_v2"));
-    handle_ = reinterpret_cast<int (*)(unsigned, void**)>(sym("nvmlDeviceGetHandleByIndex_v2"));
-    clock_ = reinterpret_cast<int (*)(void*, int, unsigned*)>(sym("nvmlDeviceGetClockInfo"));
-    power_ = reinterpret_cast<int (*)(void*, unsigned*)>(sym("nvmlDeviceGetPowerUsage"));
-    reasons_ = reinterpret_cast<int (*)(void*, unsigned long long*)>(
-        sym("nvmlDeviceGetCurrentClocksThrottleReasons"));
-    ok_ = init_ && handle_ && clock_ && power_ && reasons_ && init_() == 0 &&
-          handle_(0, &device_) == 0;
-  }
-  clock_sampler(const clock_sampler&) = delete;
-  clock_sampler& operator=(const clock_sampler&) = delete;
-  ~clock_sampler() {
-    stop();
-    if (lib_ != nullptr) ::dlclose(lib_);
-  }
-
-  bool available() const { return ok_; }
-
-  void start() {
-    stop();
-    samples_.clear();
-    if (!ok_) return;
-    running_ = true;
-    thread_ = std::thread([this] {
-      while (running_) {
-        unsigned mhz = 0;
-        unsigned mw = 0;
-        unsigned long long why = 0;
-        constexpr int nvml_clock_sm = 1;
-        // Power-cap reasons: software power cap (0x4), hardware power brake (0x80).
-        constexpr unsigned long long power_cap = 0x4ULL | 0x80ULL;
-        if (clock_(device_, nvml_clock_sm, &mhz) == 0 && power_(device_, &mw) == 0 &&
-            reasons_(device_, &why) == 0) {
-          std::lock_guard lock(mutex_);
-          samples_.push_back({static_cast<double>(mhz), mw / 1000.0, (why & power_cap) != 0});
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    });
-  }
-
-  summary stop() {
-    if (thread_.joinable()) {
-      running_ = false;
-      thread_.join();
-    }
-    std::lock_guard lock(mutex_);
-    summary s;
-    if (samples_.empty()) return s;
-    for (const auto& x : samples_) {
-      s.sm_mhz += x.mhz;
-      s.power_w += x.watts;
-      s.power_capped += x.capped ? 1.0 : 0.0;
-    }
-    const auto n = static_cast<double>(samples_.size());
-    s.sm_mhz /= n;
-    s.power_w /= n;
-    s.power_capped /= n;
-    return s;
-  }
-
- private:
-  struct sample {
-    double mhz;
-    double watts;
-    bool capped;
-  };
-  void* lib_ = nullptr;
-  void* device_ = nullptr;
-  bool ok_ = false;
-  int (*init_)() = nullptr;
-  int (*handle_)(unsigned, void**) = nullptr;
-  int (*clock_)(void*, int, unsigned*) = nullptr;
-  int (*power_)(void*, unsigned*) = nullptr;
-  int (*reasons_)(void*, unsigned long long*) = nullptr;
-  std::atomic<bool> running_{false};
-  std::thread thread_;
-  std::mutex mutex_;
-  std::vector<sample> samples_;
-};
-
 // Up to `calls` victim calls, each run() then a sync of the caller's stream.
 template <class R>
 phase measure(R& r, const std::vector<c10::IValue>& inputs, int calls, double deadline_s) {
@@ -527,18 +430,7 @@ void bm_isolation(benchmark::State& state, cotenant_kind kind) {
       state.counters["victim_sms"] = victim_sms;
       state.counters["cotenant_sms"] = cotenant_sms;
       state.counters["cotenant_tflops"] = tflops;
-      if (clocks.available() && clock.sm_mhz > 0 && alone_clock.sm_mhz > 0) {
-        state.counters["alone_sm_mhz"] = alone_clock.sm_mhz;
-        state.counters["sm_mhz"] = clock.sm_mhz;
-        state.counters["power_w"] = clock.power_w;
-        state.counters["power_capped"] = clock.power_capped;
-        // The victim (compute-bound on its SMs) scaled to the alone phase's clock: what is
-        // left of the slowdown once the lower clock is taken out.
-        if (alone_p99 > 0.0) {
-          state.counters["ratio_at_alone_clock"] =
-              p99 / alone_p99 * clock.sm_mhz / alone_clock.sm_mhz;
-        }
-      }
+      set_clock_counters(state, clocks, alone_clock, clock, alone_p99, p99);
     }
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());

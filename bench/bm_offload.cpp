@@ -22,6 +22,13 @@
 //    streaming (scripts/make_offload_fixture.py; TORCHLOOM_OFFLOAD_FIXTURES overrides where it
 //    is): resident and streamed (same budget and depth) at batch 16 and 16384, and the two
 //    shares; without the package (or LibTorch < 2.6) these rows report why they did not run.
+//  - BM_offload/model:llama_aoti/batch:1/variant:streamed (T14): a Llama-architecture
+//    decoder (Llama-2-7B's layer shapes, 6 layers, bf16, 2.75 GiB; scripts/
+//    make_transformer_fixtures.py, set llm) exported for streaming, prefill of 128 tokens at
+//    batch 1, streamed (budget 512 MiB) with all but 1.25 GiB of the device taken first, so
+//    that its weights exceed the free memory (exceeds_free, free_bytes); bitwise_equal is the
+//    same architecture with 1 layer, streamed against resident on the same tokens
+//    (small_bitwise_equal); accelerate's row comes from scripts/offload_peer.py --model llama.
 // Each forward is timed with CUDA events on the caller's stream (30 after 3 warm-up ones;
 // streamed at the large batch in blocks alternating with resident, resident_ms_paired);
 // the median is the benchmark's manual time, and median, p99, GB/s (weight bytes read per
@@ -493,6 +500,114 @@ void BM_offload_shared(benchmark::State& state) {
   }
 }
 
+#if TORCHLOOM_TORCH_VERSION >= 20600
+// T14: the decoder's fixtures, its budget and its prompt.
+constexpr std::int64_t llm_budget_mb = 512;
+constexpr std::int64_t llm_tokens = 128;
+constexpr std::int64_t llm_vocabulary = 32000;
+
+std::filesystem::path llm_fixture(const std::string& name) {
+  const auto dir = env_or("TORCHLOOM_OFFLOAD_FIXTURES", TORCHLOOM_OFFLOAD_FIXTURE_DIR) / name;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(dir / "1" / "model.pt2", ec)) {
+    throw std::runtime_error("no package " + (dir / "1" / "model.pt2").string() +
+                             "; run scripts/make_transformer_fixtures.py DIR llm (or set "
+                             "TORCHLOOM_OFFLOAD_FIXTURES)");
+  }
+  return dir;
+}
+
+torchloom::model_spec llm_spec(const std::filesystem::path& dir, bool streamed) {
+  auto s = torchloom::model_spec::from_directory(dir);
+  if (streamed) {
+    s.set("WEIGHT_OFFLOAD_BUDGET_MB", std::to_string(llm_budget_mb));
+    s.set("WEIGHT_OFFLOAD_PREFETCH_DEPTH", "2");
+  }
+  return s;
+}
+
+// Device memory taken outside torch's allocator while it lives.
+class device_taken {
+ public:
+  explicit device_taken(std::size_t bytes) {
+    check_cuda(cudaMalloc(&p_, bytes), "cudaMalloc (taking the device's free memory)");
+  }
+  device_taken(const device_taken&) = delete;
+  device_taken& operator=(const device_taken&) = delete;
+  ~device_taken() { (void)cudaFree(p_); }
+
+ private:
+  void* p_ = nullptr;
+};
+
+// T14: the decoder streamed at batch 1 and 128 tokens while its weights exceed the device's
+// free memory; the 1-layer twin bitwise against resident first.
+void BM_offload_llm(benchmark::State& state) {
+  try {
+    auto& f = fixture::get();
+    const auto big = llm_fixture("llama_offload");
+    const auto small = llm_fixture("llama_offload_small");
+    const c10::Device gpu(c10::kCUDA, 0);
+    torch::manual_seed(14);
+    const at::Tensor ids = torch::randint(
+        1, llm_vocabulary, {1, llm_tokens}, torch::TensorOptions().dtype(torch::kLong).device(gpu));
+    bool small_equal = false;
+    {
+      package_runner<torchloom::resident_weights> resident(llm_spec(small, false), gpu);
+      package_runner<torchloom::streamed_weights> streamed(llm_spec(small, true), gpu);
+      const at::Tensor want = resident.run({ids})[0];
+      small_equal = torch::equal(streamed.run({ids})[0], want);
+      small_equal = torch::equal(streamed.run({ids})[0], want) && small_equal;
+    }
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    std::size_t free = 0;
+    std::size_t total = 0;
+    check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+    const auto file_bytes =
+        static_cast<std::int64_t>(std::filesystem::file_size(big / "1" / "weights.pt"));
+    // What is left: the arena, the first run's temporary copies and the activations fit; the
+    // weights do not.
+    const std::int64_t left = std::min<std::int64_t>(1280 * mib, file_bytes / 2);
+    if (static_cast<std::int64_t>(free) <= left) {
+      throw std::runtime_error("the device has only " + std::to_string(free >> 20) +
+                               " MiB free before the decoder loads");
+    }
+    const device_taken taken(free - static_cast<std::size_t>(left));
+    check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+    const auto free_at_load = static_cast<std::int64_t>(free);
+    auto streamed =
+        std::make_unique<package_runner<torchloom::streamed_weights>>(llm_spec(big, true), gpu);
+    // The pinned host bytes that hold the weights (each padded to 256 bytes): W.
+    const std::int64_t weights = streamed->memory().host_bytes;
+    at::Tensor out;
+    const auto forward = [&] { out = streamed->run({ids})[0]; };
+    for (auto _ : state) {
+      const timing t = time_forward(forward);
+      const std::int64_t moved = streamed->memory().streamed_bytes;
+      const double gbps = static_cast<double>(moved) / (t.median_ms * 1e-3) / 1e9;
+      state.SetIterationTime(t.median_ms * 1e-3);
+      state.counters["ms_median"] = t.median_ms;
+      state.counters["ms_p99"] = t.p99_ms;
+      state.counters["reps"] = reps;
+      state.counters["tokens"] = static_cast<double>(llm_tokens);
+      state.counters["weight_bytes"] = static_cast<double>(weights);
+      state.counters["gbps"] = gbps;
+      state.counters["pct_of_limit"] = 100.0 * gbps / f.limit_gbps;
+      state.counters["bitwise_equal"] = small_equal ? 1 : 0;
+      state.counters["small_bitwise_equal"] = small_equal ? 1 : 0;
+      state.counters["free_bytes"] = static_cast<double>(free_at_load);
+      state.counters["exceeds_free"] = weights > free_at_load ? 1 : 0;
+      state.counters["finite"] = torch::isfinite(out).all().item<bool>() ? 1 : 0;
+    }
+    streamed_counters(state, streamed->memory());
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+#endif
+
 void register_all() {
   const auto add = [](const std::string& name, auto fn) {
     benchmark::RegisterBenchmark(name.c_str(), fn)->Iterations(1)->UseManualTime()->Unit(
@@ -535,6 +650,16 @@ void register_all() {
             (all ? "all" : "half"),
         [all](benchmark::State& s) { BM_offload_share(s, model_kind::large_package, all); });
   }
+  // T14: an LLM larger than the device's free memory.
+  add("BM_offload/model:llama_aoti/batch:1/variant:streamed", [](benchmark::State& s) {
+#if TORCHLOOM_TORCH_VERSION >= 20600
+    BM_offload_llm(s);
+#else
+    for (auto _ : s) {
+    }
+    s.SkipWithError("the package rows need LibTorch >= 2.6 (aoti_loader)");
+#endif
+  });
 }
 
 #else

@@ -1,175 +1,650 @@
-// PERF.md T13: the torchloom Triton backend in the in-process Triton core. 8 client threads
-// send requests of batch 1 to the bundled model; each benchmark reports requests/s and the
-// p50/p99 request latency:
-//   BM_runner_direct        the same runner called directly by the 8 threads (no Triton)
-//   BM_triton_torchloom     served by libtriton_torchloom.so, each request executed alone
-//   BM_triton_torchloom_dynamic_batching   the same with Triton's dynamic batcher on
-//   BM_triton_minimal[...]  Triton's stock "minimal" example backend (OUT0 = IN0) on a request
-//                           of the same input size: what Triton itself costs per request
+// PERF.md T13, T15 and T16: torchloom's Triton backend served by the in-process Triton core,
+// measured beside what it is compared with, in one core and one loop. Every comparison sends
+// requests from 8 client threads (batch 1, random inputs) in rounds of 100 requests per
+// thread, and from one client in rounds of 200 requests (latency without queueing; not for the
+// batched sides); each iteration runs the rounds of every side, the sides in a shuffled order,
+// so all sides share the machine's drift. Each side reports its p50 and p99 request latency
+// and its requests/s as counters <side>_p50_us, <side>_p99_us and <side>_rps (8 clients) and
+// <side>_one_p50_us, <side>_one_p99_us and <side>_one_rps (one client); scripts/report.py
+// reads them by these names.
+//
+//   BM_serving_t13/device:<cpu|cuda>  T13, the bundled MLP (one instance):
+//       runner             the same runner called directly by the client threads, one call at
+//                          a time in arrival order (as one model instance runs them); on the
+//                          GPU the input is copied in and the output out, as the backend does
+//       torchloom          libtriton_torchloom.so, each request executed alone
+//       torchloom_batched  the same with Triton's dynamic batcher (100 µs queue delay)
+//       minimal, minimal_batched   Triton's stock "minimal" backend (OUT0 = IN0) on a request
+//                          of the same size: what Triton itself costs per request
+//   BM_serving_t15/device:<cpu|cuda>  T15, the bundled MLP in the same repository for both:
+//       torchloom, torchloom_batched   the torchloom backend; on the GPU with
+//                          TORCHLOOM_STREAM graphed_caller (CUDA graph replays)
+//       pytorch, pytorch_batched       Triton's own PyTorch backend (../shared/triton-peer)
+//       plus the counter `identical`: 1 when both answered one request with the same bytes
+//   BM_serving_t16/partition:<green|plain>  T16, two models in one core on the GPU: a victim
+//       (4 x Linear(2048) on [64, 2048], one instance, requests one at a time) alone, then
+//       beside a co-tenant (bf16 8192 x 8192 GEMMs, two instances, four client threads that keep
+//       it saturated). green: the victim on 16 SMs (TORCHLOOM_STREAM green), the co-tenant on
+//       the rest (green_complement); plain: both on Triton's streams, the control. Counters as
+//       bm_isolation's (T3): p50_us, p99_us, alone_p99_us, ratio_vs_alone, and with NVML the
+//       SM clocks and ratio_at_alone_clock.
+// A side that cannot run here (no GPU, no GPU-enabled Triton core, no peer, no minimal
+// backend) is left out and named in the benchmark's label, or the benchmark skips saying why.
+#include <torchloom/detail/config.hpp>
 #include <torchloom/torchloom.hpp>
 
 #include "in_process_triton.hpp"
+#include "side_by_side.hpp"
 
+#include "bench/support/clients.hpp"
+#include "bench/support/fixtures.hpp"
+#include "bench/support/gpu_clock.hpp"
+#include "bench/support/registration.hpp"
 #include "bench/support/stats.hpp"
 #include "tests/support/temp_dir.hpp"
 
+#if TORCHLOOM_HAS_CUDA
+#include "bench/support/cuda.hpp"
+#endif
+
 #include <benchmark/benchmark.h>
+#include <torch/cuda.h>
 #include <torch/script.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <map>
+#include <memory>
 #include <mutex>
+#include <numeric>
+#include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
+namespace torchloom_bench {
 namespace {
 
 namespace fs = std::filesystem;
 namespace tt = torchloom_triton;
-using torchloom_test::write_file;
 
 constexpr int client_threads = 8;
-constexpr int requests_per_thread = 250;
+constexpr int requests_per_round = 100;  // per client thread
+constexpr int requests_one_client = 200;
+constexpr int warmup_requests = 50;  // per side, before the rounds
+constexpr int iterations = 3;        // rounds per side in a repetition
+constexpr int repetitions = 5;
+constexpr bool kit_has_gpu = TORCHLOOM_TRITON_KIT_GPU != 0;
 
-// The inputs and outputs of a test model's config.pbtxt: one input of 64 floats as the
-// bundled model's, one output, one CPU instance.
-std::string io_config(const std::string& input, const std::string& output,
-                      const std::string& output_type, int output_dims) {
-  return "max_batch_size: 64\ninput [ { name: \"" + input +
-         "\" data_type: TYPE_FP32 dims: [ 64 ] } ]\noutput [ { name: \"" + output +
-         "\" data_type: " + output_type + " dims: [ " + std::to_string(output_dims) +
-         " ] } ]\ninstance_group [ { kind: KIND_CPU count: 1 } ]\n";
-}
-const std::string mlp_io = io_config("x", "y", "TYPE_FP32", 16);
-// The minimal backend reads IN0 and answers OUT0 from the same bytes: a 64-float input as for
-// the bundled model, the first 4 values back.
-const std::string echo_io = io_config("IN0", "OUT0", "TYPE_INT32", 4);
-const char* batching = "dynamic_batching { max_queue_delay_microseconds: 100 }\n";
+// T16's models and phases (the sizes of bm_isolation's victim and co-tenant).
+constexpr std::int64_t victim_batch = 64;
+constexpr std::int64_t victim_width = 2048;
+constexpr std::int64_t gemm_size = 8192;
+constexpr int gemms_per_request = 4;
+constexpr const char* green_sm_count = "16";
+constexpr int victim_calls = 1000;
+constexpr double alone_deadline_s = 3.0;
+constexpr double contended_deadline_s = 10.0;
+constexpr int cotenant_clients = 4;
+constexpr int cotenant_warm_requests = 8;
+constexpr auto cotenant_start_timeout = std::chrono::seconds(60);
 
-// The benchmark's model repository in a temporary directory, and the server on it.
-struct fixture {
+// The process's Triton core: its backend directory holds torchloom's backend and, where they
+// are, Triton's stock minimal backend and Triton's PyTorch backend; the repository is written
+// on demand.
+struct serving_fixture {
   torchloom_test::temp_dir dir{"bm-triton"};
-  std::unique_ptr<tt::server> server;  // stopped before `dir` is removed
+  fs::path repository = dir / "models";
+  tt::peer_backend peer = tt::find_peer(TORCHLOOM_TRITON_PEER_PREFIX);
+  bool has_minimal = false;
+  std::unique_ptr<tt::server> server;         // stopped before `dir` is removed
+  std::map<std::string, std::string> loaded;  // model -> why it did not load ("" if it did)
+  std::mutex mutex;
 
-  fixture() {
-    for (const std::string name : {"mlp", "mlp_batched"}) {
-      fs::create_directories(dir / name / "1");
-      fs::copy_file(fs::path(TORCHLOOM_BUNDLED_MODEL_DIR) / "1" / "model.pt",
-                    dir / name / "1" / "model.pt");
-      write_file(dir / name / "config.pbtxt",
-                 "name: \"" + name + "\"\nbackend: \"torchloom\"\n" + mlp_io +
-                     (name == "mlp" ? "" : batching));
+  serving_fixture() {
+    fs::create_directories(repository);
+    tt::backend_directory backends(dir / "backends");
+    backends.add("torchloom", fs::path(TORCHLOOM_TRITON_BACKEND_DIR) / "torchloom");
+    const fs::path minimal = fs::path(TORCHLOOM_TRITON_BACKEND_DIR) / "minimal";
+    if (fs::exists(minimal / "libtriton_minimal.so")) {
+      backends.add("minimal", minimal);
+      has_minimal = true;
     }
-    std::vector<std::string> models = {"mlp", "mlp_batched"};
-#if TORCHLOOM_TRITON_HAS_MINIMAL
-    for (const std::string name : {"echo", "echo_batched"}) {
-      fs::create_directories(dir / name / "1");
-      write_file(dir / name / "config.pbtxt", "name: \"" + name + "\"\nbackend: \"minimal\"\n" +
-                                                  echo_io + (name == "echo" ? "" : batching));
-      models.push_back(name);
-    }
-#endif
-    server = std::make_unique<tt::server>(tt::server_options{
-        {dir.path().string()}, TORCHLOOM_TRITON_BACKEND_DIR, true, models, false});
+    if (peer) backends.add("pytorch", peer.directory);
+    server = std::make_unique<tt::server>(
+        tt::server_options{{repository.string()}, backends.path().string(), true, {}, false});
+  }
+
+  // Writes model `name` (once) and loads it; returns why it did not load, or "".
+  std::string ensure(const std::string& name, const std::string& backend, const std::string& body,
+                     const fs::path& file) {
+    std::lock_guard lock(mutex);
+    if (auto it = loaded.find(name); it != loaded.end()) return it->second;
+    tt::write_model(repository, name, backend, body, file);
+    const auto err = server->load(name);
+    return loaded[name] = err ? name + ": " + err->message : std::string();
   }
 };
 
-fixture& triton() {
-  static fixture f;
-  return f;
+std::unique_ptr<serving_fixture> the_fixture;  // made on first use, gone at teardown
+
+serving_fixture& fixture() {
+  if (!the_fixture) the_fixture = std::make_unique<serving_fixture>();
+  return *the_fixture;
 }
 
-// Runs `request` from client_threads threads, requests_per_thread times each, and reports
-// requests/s and the p50/p99 latency of one request.
-void run_clients(benchmark::State& state, const std::function<void()>& request) {
-  for (int i = 0; i < 20; ++i) request();  // warm up
-  std::vector<double> latencies;
-  double seconds = 0;
-  std::int64_t requests = 0;
-  for (auto _ : state) {
-    std::mutex mutex;
-    std::vector<std::thread> clients;
-    const auto start = std::chrono::steady_clock::now();
-    for (int t = 0; t < client_threads; ++t) {
-      clients.emplace_back([&] {
-        std::vector<double> mine;
-        mine.reserve(requests_per_thread);
-        for (int i = 0; i < requests_per_thread; ++i) {
-          const auto t0 = std::chrono::steady_clock::now();
-          request();
-          mine.push_back(
-              std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
-                  .count());
-        }
-        std::lock_guard lock(mutex);
-        latencies.insert(latencies.end(), mine.begin(), mine.end());
-      });
-    }
-    for (auto& c : clients) c.join();
-    const double s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    state.SetIterationTime(s);
-    seconds += s;
-    requests += client_threads * requests_per_thread;
+// Sends one request; throws the response's error.
+tt::infer_result send(const std::string& model, const std::vector<tt::tensor_in>& inputs) {
+  auto r = fixture().server->infer(model, inputs);
+  if (r.error) throw std::runtime_error(model + ": " + r.error->message);
+  return r;
+}
+
+tt::tensor_in float_input(const std::string& name, const at::Tensor& t) {
+  return {name, TRITONSERVER_TYPE_FP32, t.sizes().vec(), t.data_ptr(), t.nbytes()};
+}
+
+std::string parameter(const std::string& key, const std::string& value) {
+  return "parameters { key: \"" + key + "\" value { string_value: \"" + value + "\" } }\n";
+}
+
+std::string instance(bool gpu, int count = 1) {
+  return std::string("instance_group [ { kind: ") + (gpu ? "KIND_GPU gpus: [ 0 ]" : "KIND_CPU") +
+         " count: " + std::to_string(count) + " } ]\n";
+}
+
+const char* batching = "dynamic_batching { max_queue_delay_microseconds: 100 }\n";
+
+// The bundled MLP's config body: x FP32 [64] -> y FP32 [16], max_batch_size 64.
+std::string mlp_body(bool gpu, bool batched, const std::string& parameters = {}) {
+  return "max_batch_size: 64\n"
+         "input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 64 ] } ]\n"
+         "output [ { name: \"y\" data_type: TYPE_FP32 dims: [ 16 ] } ]\n" +
+         instance(gpu) + (batched ? batching : "") + parameters;
+}
+
+fs::path bundled_model() { return fs::path(TORCHLOOM_BUNDLED_MODEL_DIR) / "1" / "model.pt"; }
+
+// Why `device` cannot be served here, or "".
+std::string device_unavailable(c10::Device device) {
+  if (!device.is_cuda()) return {};
+  if (!torch::cuda::is_available()) return "no CUDA device";
+  if (!kit_has_gpu) return "the Triton kit is a CPU-only build (TRITON_KIT_GPU=1 builds a GPU one)";
+  return {};
+}
+
+// One side of a comparison: its counter label, one request (client thread, index), and
+// whether it is also measured with one client (latency without queueing; not for a batched
+// side, whose lone requests would only wait out the batcher's delay).
+struct side {
+  std::string label;
+  std::function<void(int, int)> request;
+  bool one_client = true;
+};
+
+// Warms every side up, then runs `iterations` times a round of every side with 8 clients and,
+// for the sides that have one, a round with one client, the sides in a shuffled order; sets
+// each side's counters (`<side>_...` with 8 clients, `<side>_one_...` with one). Skips with
+// the first failure.
+void compare(benchmark::State& state, std::vector<side>& sides, unsigned seed) {
+  for (auto& s : sides) {
+    for (int i = 0; i < warmup_requests; ++i) s.request(0, i);
   }
-  std::sort(latencies.begin(), latencies.end());
-  state.counters["requests_per_s"] = static_cast<double>(requests) / seconds;
-  state.counters["p50_us"] = torchloom_bench::nearest_rank(latencies, 0.50);
-  state.counters["p99_us"] = torchloom_bench::nearest_rank(latencies, 0.99);
-  state.SetItemsProcessed(requests);
+  std::vector<client_samples> samples(sides.size());
+  std::vector<client_samples> alone(sides.size());
+  std::vector<std::size_t> order(sides.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::mt19937 rng(seed);
+  for (auto _ : state) {
+    std::shuffle(order.begin(), order.end(), rng);
+    double seconds = 0.0;
+    for (const std::size_t k : order) {
+      const double before = samples[k].seconds;
+      client_round(client_threads, requests_per_round, sides[k].request, samples[k]);
+      seconds += samples[k].seconds - before;
+      if (sides[k].one_client) {
+        client_round(1, requests_one_client, sides[k].request, alone[k]);
+      }
+    }
+    state.SetIterationTime(seconds);
+  }
+  for (std::size_t k = 0; k < sides.size(); ++k) {
+    for (const auto* s : {&samples[k], &alone[k]}) {
+      if (!s->error.empty()) {
+        state.SkipWithError((sides[k].label + ": " + s->error).c_str());
+        return;
+      }
+    }
+    set_client_counters(state, sides[k].label, samples[k]);
+    if (sides[k].one_client) set_client_counters(state, sides[k].label + "_one", alone[k]);
+  }
 }
 
-void BM_runner_direct(benchmark::State& state) {
-  using runner = torchloom::model_runner<torchloom::torchscript_loader>;
-  static runner r(torchloom::model_spec::from_directory(TORCHLOOM_BUNDLED_MODEL_DIR));
-  const at::Tensor x = torch::randn({1, 64});
-  run_clients(state, [&] { benchmark::DoNotOptimize(r.run({x})); });
+// A lock that lets its waiters in in the order they came, as a model instance takes the
+// requests queued for it (std::mutex lets a thread that just unlocked take it again).
+class fifo_lock {
+ public:
+  void lock() {
+    std::unique_lock guard(mutex_);
+    const std::uint64_t mine = next_++;
+    turn_.wait(guard, [&] { return serving_ == mine; });
+  }
+  void unlock() {
+    {
+      std::lock_guard guard(mutex_);
+      ++serving_;
+    }
+    turn_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable turn_;
+  std::uint64_t next_ = 0;
+  std::uint64_t serving_ = 0;
+};
+
+// Random batch-1 inputs of the bundled MLP, one per client thread (never zeros: PERF.md).
+struct mlp_inputs {
+  std::vector<at::Tensor> x;
+  mlp_inputs() {
+    torch::manual_seed(42);
+    for (int t = 0; t < client_threads; ++t) x.push_back(torch::rand({1, 64}) + 0.1);
+  }
+};
+
+// A side that sends the thread's input to `model` as `input_name`.
+side served(const std::string& label, const std::string& model, const std::string& input_name,
+            const mlp_inputs& in, bool batched = false) {
+  return {label,
+          [model, input_name, &in](int t, int) {
+            send(model, {float_input(input_name, in.x[static_cast<std::size_t>(t)])});
+          },
+          !batched};
 }
 
-void serve(benchmark::State& state, const std::string& model, const std::string& input) {
-  auto& server = *triton().server;
-  const at::Tensor x = torch::randn({1, 64});
-  const tt::tensor_in in{input, TRITONSERVER_TYPE_FP32, {1, 64}, x.data_ptr(), x.nbytes()};
-  const auto first = server.infer(model, {in});
-  if (first.error) {
-    state.SkipWithError(first.error->message.c_str());
+using direct_runner = torchloom::model_runner<torchloom::torchscript_loader>;
+per_device<direct_runner> direct_runners;
+
+void bm_t13(benchmark::State& state, c10::Device device) {
+  if (const std::string why = device_unavailable(device); !why.empty()) {
+    state.SkipWithError(why.c_str());
     return;
   }
-  run_clients(state, [&] {
-    const auto r = server.infer(model, {in});
-    if (r.error) throw std::runtime_error(r.error->message);
+  auto& f = fixture();
+  const bool gpu = device.is_cuda();
+  const std::string suffix = gpu ? "_cuda" : "_cpu";
+  std::string missing;
+  const std::string tl = "mlp_torchloom" + suffix;
+  const std::string tl_batched = tl + "_batched";
+  for (const auto& [name, batched] : {std::pair{tl, false}, std::pair{tl_batched, true}}) {
+    if (auto why = f.ensure(name, "torchloom", mlp_body(gpu, batched), bundled_model());
+        !why.empty()) {
+      state.SkipWithError(why.c_str());
+      return;
+    }
+  }
+  static const mlp_inputs in;
+  direct_runner& runner = direct_runners.get(device, [](c10::Device d) {
+    return std::make_unique<direct_runner>(
+        torchloom::model_spec::from_directory(TORCHLOOM_BUNDLED_MODEL_DIR), d);
   });
+  static fifo_lock one_at_a_time;
+  std::vector<side> sides = {
+      {"runner",
+       [&runner, device](int t, int) {
+         std::lock_guard lock(one_at_a_time);
+         const at::Tensor x = in.x[static_cast<std::size_t>(t)].to(device);
+         benchmark::DoNotOptimize(runner.run({x}).at(0).to(c10::kCPU));
+       }},
+      served("torchloom", tl, "x", in),
+      served("torchloom_batched", tl_batched, "x", in, true),
+  };
+  if (f.has_minimal) {
+    // Triton's own cost per request: the minimal backend on the CPU, for both devices.
+    const std::string echo_io =
+        "max_batch_size: 64\n"
+        "input [ { name: \"IN0\" data_type: TYPE_FP32 dims: [ 64 ] } ]\n"
+        "output [ { name: \"OUT0\" data_type: TYPE_INT32 dims: [ 4 ] } ]\n" +
+        instance(false);
+    for (const auto& [name, batched] :
+         {std::pair{std::string("echo"), false}, std::pair{std::string("echo_batched"), true}}) {
+      if (auto why = f.ensure(name, "minimal", echo_io + (batched ? batching : ""), {});
+          !why.empty()) {
+        state.SkipWithError(why.c_str());
+        return;
+      }
+    }
+    sides.push_back(served("minimal", "echo", "IN0", in));
+    sides.push_back(served("minimal_batched", "echo_batched", "IN0", in, true));
+  } else {
+    missing = "no minimal backend";
+  }
+  state.SetLabel(missing);
+  compare(state, sides, 13);
 }
 
-void BM_triton_torchloom(benchmark::State& state) { serve(state, "mlp", "x"); }
-void BM_triton_torchloom_dynamic_batching(benchmark::State& state) {
-  serve(state, "mlp_batched", "x");
+void bm_t15(benchmark::State& state, c10::Device device) {
+  if (const std::string why = device_unavailable(device); !why.empty()) {
+    state.SkipWithError(why.c_str());
+    return;
+  }
+  auto& f = fixture();
+  if (!f.peer) {
+    state.SkipWithError(f.peer.why_missing.c_str());
+    return;
+  }
+  const bool gpu = device.is_cuda();
+  // On the GPU, torchloom replays CUDA graphs on Triton's stream; both backends otherwise get
+  // the same config.
+  const std::string stream = gpu ? parameter("TORCHLOOM_STREAM", "graphed_caller") : "";
+  const std::string suffix = gpu ? "_cuda" : "_cpu";
+  struct model {
+    std::string name;
+    std::string backend;
+    bool batched;
+  };
+  const std::vector<model> models = {
+      {"t15_torchloom" + suffix, "torchloom", false},
+      {"t15_torchloom_batched" + suffix, "torchloom", true},
+      {"t15_pytorch" + suffix, "pytorch", false},
+      {"t15_pytorch_batched" + suffix, "pytorch", true},
+  };
+  for (const auto& m : models) {
+    const std::string body = mlp_body(gpu, m.batched, m.backend == "torchloom" ? stream : "");
+    if (auto why = f.ensure(m.name, m.backend, body, bundled_model()); !why.empty()) {
+      state.SkipWithError(why.c_str());
+      return;
+    }
+  }
+  static const mlp_inputs in;
+  std::vector<side> sides = {
+      served("torchloom", models[0].name, "x", in),
+      served("torchloom_batched", models[1].name, "x", in, true),
+      served("pytorch", models[2].name, "x", in),
+      served("pytorch_batched", models[3].name, "x", in, true),
+  };
+  compare(state, sides, 15);
+  // After the rounds (graphs captured and replaying): the same request, the same bytes?
+  try {
+    const auto ours = send(models[0].name, {float_input("x", in.x[0])});
+    const auto peer = send(models[2].name, {float_input("x", in.x[0])});
+    const bool same = ours.outputs.size() == 1 && peer.outputs.size() == 1 &&
+                      ours.outputs[0].data == peer.outputs[0].data;
+    state.counters["identical"] = benchmark::Counter(same ? 1.0 : 0.0);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
 }
 
-}  // namespace
+// T16's model files, written on first use: the victim (fp32, 64 MiB of weights) and the
+// co-tenant (bf16, 256 MiB).
+struct t16_files {
+  fs::path victim;
+  fs::path gemm;
+};
 
-BENCHMARK(BM_runner_direct)->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_triton_torchloom)->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_triton_torchloom_dynamic_batching)
-    ->UseManualTime()
-    ->Iterations(3)
-    ->Unit(benchmark::kMillisecond);
-
-#if TORCHLOOM_TRITON_HAS_MINIMAL
-namespace {
-void BM_triton_minimal(benchmark::State& state) { serve(state, "echo", "IN0"); }
-void BM_triton_minimal_dynamic_batching(benchmark::State& state) {
-  serve(state, "echo_batched", "IN0");
+const t16_files& t16_models() {
+  static const t16_files files = [] {
+    const fs::path dir = fixture().dir / "files";
+    fs::create_directories(dir / "victim");
+    fs::create_directories(dir / "gemm");
+    torch::manual_seed(0);
+    torch::jit::Module victim("serving_victim");
+    const double scale = 1.0 / std::sqrt(static_cast<double>(victim_width));
+    for (int i = 1; i <= 4; ++i) {
+      const std::string n = std::to_string(i);
+      victim.register_parameter("w" + n, torch::randn({victim_width, victim_width}) * scale, false);
+      victim.register_parameter("b" + n, torch::randn({victim_width}) * 0.01, false);
+    }
+    victim.define(R"(
+def forward(self, x):
+    h = torch.relu(torch.linear(x, self.w1, self.b1))
+    h = torch.relu(torch.linear(h, self.w2, self.b2))
+    h = torch.relu(torch.linear(h, self.w3, self.b3))
+    return torch.linear(h, self.w4, self.b4)[:, 0:16]
+)");
+    t16_files out{dir / "victim" / "model.pt", dir / "gemm" / "model.pt"};
+    victim.save(out.victim.string());
+    // b scaled by 1/sqrt(n) keeps every product's entries near 1: no overflow, never zeros.
+    torch::jit::Module gemm("serving_gemm");
+    gemm.register_parameter("a", torch::randn({gemm_size, gemm_size}).to(torch::kBFloat16), false);
+    gemm.register_parameter(
+        "b",
+        (torch::randn({gemm_size, gemm_size}) / std::sqrt(static_cast<double>(gemm_size)))
+            .to(torch::kBFloat16),
+        false);
+    gemm.define(R"(
+def forward(self, x):
+    c = torch.matmul(self.a, self.b)
+    c = torch.matmul(c, self.b)
+    c = torch.matmul(c, self.b)
+    c = torch.matmul(c, self.b)
+    return x + c[0, 0:4].float()
+)");
+    gemm.save(out.gemm.string());
+    return out;
+  }();
+  return files;
 }
-}  // namespace
-BENCHMARK(BM_triton_minimal)->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_triton_minimal_dynamic_batching)
-    ->UseManualTime()
-    ->Iterations(3)
-    ->Unit(benchmark::kMillisecond);
+
+int device_sm_count() {
+#if TORCHLOOM_HAS_CUDA
+  int n = 0;
+  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0),
+             "cudaDeviceGetAttribute");
+  return n;
+#else
+  return 0;
 #endif
+}
 
-BENCHMARK_MAIN();
+struct phase {
+  std::vector<double> us;
+  double seconds = 0.0;
+};
+
+// Up to `calls` requests one after another, until `deadline_s` has passed.
+template <class Request>
+phase measure_phase(Request&& request, int calls, double deadline_s) {
+  phase p;
+  p.us.reserve(static_cast<std::size_t>(calls));
+  const auto begin = std::chrono::steady_clock::now();
+  const auto deadline = begin + std::chrono::duration<double>(deadline_s);
+  for (int i = 0; i < calls; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    if (start > deadline) break;
+    request();
+    p.us.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+            .count());
+  }
+  p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  return p;
+}
+
+// Client threads that keep the co-tenant model busy until destroyed.
+class cotenant_clients_running {
+ public:
+  explicit cotenant_clients_running(std::string model) : model_(std::move(model)) {
+    for (int t = 0; t < cotenant_clients; ++t) {
+      threads_.emplace_back([this] {
+        const at::Tensor x = torch::rand({4}) + 0.5;
+        while (!stop_.load()) {
+          try {
+            send(model_, {float_input("x", x)});
+            completed_.fetch_add(1);
+          } catch (const std::exception& e) {
+            std::lock_guard lock(mutex_);
+            if (error_.empty()) error_ = e.what();
+            return;
+          }
+        }
+      });
+    }
+  }
+  cotenant_clients_running(const cotenant_clients_running&) = delete;
+  cotenant_clients_running& operator=(const cotenant_clients_running&) = delete;
+  ~cotenant_clients_running() { stop(); }
+
+  void stop() {
+    stop_.store(true);
+    for (auto& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+  //! True once `cotenant_warm_requests` requests have completed; false on error or timeout.
+  bool wait_until_saturating() {
+    const auto deadline = std::chrono::steady_clock::now() + cotenant_start_timeout;
+    while (completed_.load() < cotenant_warm_requests) {
+      if (!error().empty() || std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return true;
+  }
+  std::int64_t completed() const { return completed_.load(); }
+  std::string error() {
+    std::lock_guard lock(mutex_);
+    return error_;
+  }
+
+ private:
+  std::string model_;
+  std::atomic<bool> stop_{false};
+  std::atomic<std::int64_t> completed_{0};
+  std::mutex mutex_;
+  std::string error_;
+  std::vector<std::thread> threads_;  // last: started after everything they use
+};
+
+void bm_t16(benchmark::State& state, bool green) {
+  if (const std::string why = device_unavailable(c10::Device(c10::kCUDA, 0)); !why.empty()) {
+    state.SkipWithError(why.c_str());
+    return;
+  }
+  auto& f = fixture();
+  const t16_files& files = t16_models();
+  const std::string tag = green ? "green" : "plain";
+  const std::string victim = "t16_victim_" + tag;
+  const std::string gemm = "t16_gemm_" + tag;
+  const std::string victim_io =
+      "max_batch_size: 0\n"
+      "input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 64, 2048 ] } ]\n"
+      "output [ { name: \"y\" data_type: TYPE_FP32 dims: [ 64, 16 ] } ]\n";
+  const std::string gemm_io =
+      "max_batch_size: 0\n"
+      "input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 4 ] } ]\n"
+      "output [ { name: \"y\" data_type: TYPE_FP32 dims: [ 4 ] } ]\n";
+  const std::string sms = parameter("GREEN_CONTEXT_SM_COUNT", green_sm_count);
+  const std::string victim_params = green ? parameter("TORCHLOOM_STREAM", "green") + sms : "";
+  const std::string gemm_params =
+      green ? parameter("TORCHLOOM_STREAM", "green_complement") + sms : "";
+  for (const auto& [name, body, file] :
+       {std::tuple{victim, victim_io + instance(true) + victim_params, files.victim},
+        std::tuple{gemm, gemm_io + instance(true, 2) + gemm_params, files.gemm}}) {
+    if (auto why = f.ensure(name, "torchloom", body, file); !why.empty()) {
+      state.SkipWithError(why.c_str());
+      return;
+    }
+  }
+  const int all_sms = device_sm_count();
+  const int victim_sms = green ? std::atoi(green_sm_count) : all_sms;
+  const int cotenant_sms = green ? all_sms - victim_sms : all_sms;
+  torch::manual_seed(42);
+  const at::Tensor x = torch::rand({victim_batch, victim_width}) + 0.1;
+  const auto victim_request = [&] { send(victim, {float_input("x", x)}); };
+  try {
+    for (auto _ : state) {
+      for (int i = 0; i < warmup_requests; ++i) victim_request();
+      clock_sampler clocks;
+      clocks.start();
+      const phase alone = measure_phase(victim_request, victim_calls, alone_deadline_s);
+      const clock_sampler::summary alone_clock = clocks.stop();
+      cotenant_clients_running co(gemm);
+      if (!co.wait_until_saturating()) {
+        co.stop();
+        const std::string why = co.error().empty() ? "timed out" : co.error();
+        state.SkipWithError(("co-tenant did not start: " + why).c_str());
+        break;
+      }
+      for (int i = 0; i < 10; ++i) victim_request();
+      const std::int64_t gemms_before = co.completed();
+      clocks.start();
+      const phase beside = measure_phase(victim_request, victim_calls, contended_deadline_s);
+      const clock_sampler::summary clock = clocks.stop();
+      const std::int64_t requests = co.completed() - gemms_before;
+      co.stop();
+      if (const std::string why = co.error(); !why.empty()) {
+        state.SkipWithError(("co-tenant failed: " + why).c_str());
+        break;
+      }
+      const double alone_p50 = percentile(alone.us, 0.50);
+      const double alone_p99 = percentile(alone.us, 0.99);
+      const double p50 = percentile(beside.us, 0.50);
+      const double p99 = percentile(beside.us, 0.99);
+      const double flop = gemms_per_request * 2.0 * std::pow(static_cast<double>(gemm_size), 3);
+      state.SetIterationTime(p50 * 1e-6);
+      state.counters["p50_us"] = p50;
+      state.counters["p99_us"] = p99;
+      state.counters["calls"] = static_cast<double>(beside.us.size());
+      state.counters["alone_p50_us"] = alone_p50;
+      state.counters["alone_p99_us"] = alone_p99;
+      state.counters["ratio_vs_alone"] = alone_p99 > 0.0 ? p99 / alone_p99 : 0.0;
+      state.counters["victim_sms"] = victim_sms;
+      state.counters["cotenant_sms"] = cotenant_sms;
+      state.counters["cotenant_tflops"] =
+          static_cast<double>(requests) * flop / beside.seconds / 1e12;
+      set_clock_counters(state, clocks, alone_clock, clock, alone_p99, p99);
+    }
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+template <class Fn>
+void register_compared(const std::string& name, c10::Device device, Fn fn) {
+  // One repetition where the device is missing: the skip is reported once.
+  const int reps = device_unavailable(device).empty() ? repetitions : 1;
+  with_spread(benchmark::RegisterBenchmark(name.c_str(), fn), reps)
+      ->UseManualTime()
+      ->Iterations(iterations)
+      ->Unit(benchmark::kMillisecond);
+}
+
+void register_benchmarks() {
+  for (const auto& [label, device] :
+       {std::pair{"cpu", c10::Device(c10::kCPU)}, std::pair{"cuda", c10::Device(c10::kCUDA, 0)}}) {
+    register_compared(std::string("BM_serving_t13/device:") + label, device,
+                      [device](benchmark::State& s) { bm_t13(s, device); });
+    register_compared(std::string("BM_serving_t15/device:") + label, device,
+                      [device](benchmark::State& s) { bm_t15(s, device); });
+  }
+  for (const bool green : {true, false}) {
+    benchmark::RegisterBenchmark(
+        green ? "BM_serving_t16/partition:green" : "BM_serving_t16/partition:plain",
+        [green](benchmark::State& s) { bm_t16(s, green); })
+        ->UseManualTime()
+        ->Iterations(1)
+        ->Repetitions(1)
+        ->Unit(benchmark::kMicrosecond);
+  }
+}
+
+void teardown() {
+  direct_runners.clear();
+  the_fixture.reset();
+}
+
+}  // namespace
+}  // namespace torchloom_bench
+
+TORCHLOOM_BENCH_MAIN(register_benchmarks, teardown)

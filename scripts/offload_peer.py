@@ -3,6 +3,7 @@
 
     scripts/offload_peer.py --out bm_offload_peer.json [--layers 16] [--dim 8192]
                             [--batch 16] [--reps 30]
+    scripts/offload_peer.py --model llama --out bm_offload_peer_llama.json [--reps 30]
 
 The model is bm_offload's model:large: a torch.nn.Sequential of LAYERS bias-free
 nn.Linear(DIM, DIM) in bf16 applied in sequence (y = x @ W^T, no activation), weights drawn
@@ -25,6 +26,13 @@ pct_of_limit = gbps / limit_gbps * 100.
 The check: the last timed forward's output against the same model with every weight resident
 on the GPU, same input: matches_resident is 1 when torch.equal holds, else 0; max_abs_diff
 gives the largest difference.
+
+With --model llama (PERF.md T14) the model is bm_offload's model:llama_aoti instead: the
+Llama-architecture decoder of scripts/make_transformer_fixtures.py (llm_model: Llama-2-7B's
+layer shapes, 6 layers, bf16, random-init from the same seed, on the GPU), run as a prefill of
+its 128-token input at batch 1 (llm_input; use_cache=False); the output compared is the
+logits. Its entry is BM_offload/model:llama_aoti/batch:1/variant:accelerate, with the same
+counters. It needs transformers besides.
 
 Writes Google Benchmark-shaped JSON with one entry,
 BM_offload/model:large/batch:BATCH/variant:accelerate (model:LAYERSxDIM instead of large when
@@ -52,6 +60,7 @@ WARMUP = 3
 LIMIT_BYTES = 1 << 30
 LIMIT_REPS = 10
 LIMIT_WARMUP = 2
+LLAMA_NAME = "BM_offload/model:llama_aoti/batch:1/variant:accelerate"
 
 
 def bench_name(layers, dim, batch):
@@ -98,9 +107,9 @@ def write(path, context, entries):
         f.write("\n")
 
 
-def missing_requirements(context):
-    """Imports torch and accelerate: (torch, accelerate, what is missing, in words).
-    Fills the context with the versions found."""
+def missing_requirements(context, transformers=False):
+    """Imports torch and accelerate (and transformers, when asked): (torch, accelerate, what
+    is missing, in words). Fills the context with the versions found."""
     missing = []
     accelerate = None
     try:
@@ -118,6 +127,12 @@ def missing_requirements(context):
         context["accelerate_version"] = accelerate.__version__
     except ImportError as e:
         missing.append(f"accelerate is not installed ({e})")
+    if transformers:
+        try:
+            import transformers as hf
+            context["transformers_version"] = hf.__version__
+        except ImportError as e:
+            missing.append(f"transformers is not installed ({e})")
     return torch, accelerate, missing
 
 
@@ -163,6 +178,41 @@ def make_model(torch, layers, dim, batch):
     return model, x
 
 
+def measure_llama(torch, accelerate, args):
+    """The counters of the accelerate row of T14's decoder (see the module's docstring)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import make_transformer_fixtures as fixtures  # needs transformers
+
+    limit = pinned_h2d_gbps(torch)
+    torch.manual_seed(fixtures.SEED)
+    model = fixtures.llm_model(fixtures.LLM_LAYERS["llama_offload"], device="cuda")
+    model.requires_grad_(False)
+    x = fixtures.llm_input(device="cuda")
+    weight_bytes = sum(t.numel() * t.element_size()
+                       for t in list(model.parameters()) + list(model.buffers()))
+    with torch.inference_mode():
+        reference = model(input_ids=x, use_cache=False).logits
+        torch.cuda.synchronize()
+    model.to("cpu")
+    torch.cuda.empty_cache()
+    accelerate.cpu_offload(model, execution_device=torch.device("cuda:0"))
+    samples = []
+    with torch.inference_mode():
+        for _ in range(WARMUP):
+            model(input_ids=x, use_cache=False)
+        for _ in range(args.reps):
+            ms, y = time_ms(torch, lambda: model(input_ids=x, use_cache=False).logits)
+            samples.append(ms)
+        equal = torch.equal(y, reference)
+        diff = (y.float() - reference.float()).abs().max().item()
+    med, p99 = median_p99(samples)
+    gbps = weight_bytes / (med / 1e3) / 1e9
+    return {"ms_median": med, "ms_p99": p99, "reps": len(samples), "tokens": x.shape[1],
+            "weight_bytes": weight_bytes, "gbps": gbps, "limit_gbps": limit,
+            "pct_of_limit": 100.0 * gbps / limit, "matches_resident": 1 if equal else 0,
+            "max_abs_diff": diff}
+
+
 def measure(torch, accelerate, args):
     """The counters of the accelerate row (see the module's docstring)."""
     limit = pinned_h2d_gbps(torch)
@@ -194,6 +244,8 @@ def measure(torch, accelerate, args):
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="JSON file to write")
+    ap.add_argument("--model", choices=("large", "llama"), default="large",
+                    help="bm_offload's large layers (default) or T14's Llama decoder")
     ap.add_argument("--layers", type=int, default=16, help="number of linear layers")
     ap.add_argument("--dim", type=int, default=8192, help="in and out features of each")
     ap.add_argument("--batch", type=int, default=16, help="rows of the input")
@@ -206,16 +258,18 @@ def parse_args(argv):
 
 def main(argv):
     args = parse_args(argv)
-    name = bench_name(args.layers, args.dim, args.batch)
+    llama = args.model == "llama"
+    name = (LLAMA_NAME if llama else bench_name(args.layers, args.dim, args.batch))
     context = base_context()
     status = 0
     try:
-        torch, accelerate, missing = missing_requirements(context)
+        torch, accelerate, missing = missing_requirements(context, transformers=llama)
         if missing:
             result = error_entry(name, "; ".join(missing))
             print(f"not measured: {result['error_message']}")
         else:
-            result = entry(name, measure(torch, accelerate, args))
+            result = entry(name, (measure_llama if llama else measure)(torch, accelerate,
+                                                                      args))
     except Exception as e:  # a real failure: reported in the JSON and the exit status
         traceback.print_exc()
         result = error_entry(name, f"failed: {type(e).__name__}: {e}")

@@ -29,7 +29,10 @@ model, a share of the pinned H2D limit), T5 (accelerate / streamed, same model a
 violations, high water <= budget), T8 (streamed at the smallest batch of T8's model, a share
 of the limit), T11 (streamed rows with a resident share, BM_offload/.../share:<all|half>:
 share:all / resident, share:half / its streamed bytes at the pinned limit; T7 too, and not
-T4 or T6); and the T9 table (device bytes of N runners sharing one model <= W + N*A). A
+T4 or T6), T14 (the rows of model llama_aoti, an LLM larger than the free memory: the
+streamed row's share of the limit, exceeds_free and small_bitwise_equal; accelerate /
+streamed; instead of T4 and T5); and the T9 table (device bytes of N runners sharing one
+model <= W + N*A). A
 streamed or mapped row whose output is not bitwise equal to resident's fails on its
 own line (counted as "bitwise"). A target with no row to judge is "not measured" (skipped).
 
@@ -79,6 +82,13 @@ TARGETS = {
     # at most max_over_transfer x transfer_ms, its bytes streamed per run at the pinned limit.
     "T11": {"max_ratio": 1.02, "max_over_transfer": 1.05, "variant": "streamed",
             "over": "resident"},
+    # T14: the LLM larger than the device's free memory (bm_offload's model llama_aoti): its
+    # streamed row at least min_pct_of_limit of the pinned limit, its weights above the free
+    # memory at load (exceeds_free) and its fewer-layer twin bitwise equal to resident
+    # (small_bitwise_equal); the accelerate row (offload_peer.py --model llama) at least
+    # min_ratio x the streamed row's time. Instead of T4 and T5 on that model.
+    "T14": {"min_pct_of_limit": 95, "min_ratio": 5, "model": "llama_aoti",
+            "variant": "streamed", "peer": "accelerate"},
     # The runner's construction against the raw loader's (BM_raw_<x>_load, bm_aoti).
     "T10": {"max_ratio": 1.05},
     # graphed<caller_stream> against the raw call (bm_graphs): every row at most max_ratio, and
@@ -86,8 +96,15 @@ TARGETS = {
     "T12": {"max_ratio": 1.02,
             "min_speedup": {("mlp", "torchscript", "1"): 3.0, ("mlp", "aoti", "1"): 2.0,
                             ("resnet18", "torchscript", "1"): 3.0}},
-    # T13 has no rows the report judges: bm_triton's rows are listed with their times; PERF.md
-    # states the target.
+    # bm_triton, served through the in-process Triton core from 8 client threads at batch 1.
+    # T13: the torchloom backend's p50 at most the runner called directly + Triton's minimal
+    # backend + max_overhead_us, and dynamic batching raising its requests/s (each device).
+    "T13": {"max_overhead_us": 10.0},
+    # T15: torchloom (graphed_caller) over Triton's PyTorch backend, requests/s, on the GPU.
+    "T15": {"min_ratio": 2.0, "device": "cuda"},
+    # T16: the victim's p99 beside a saturating co-tenant over its p99 alone, both models in
+    # green contexts, at the alone SM clock where NVML gave the clocks (else the raw ratio).
+    "T16": {"max_ratio": 1.15, "benchmark": "BM_serving_t16", "partition": "green"},
 }
 
 # Targets for raw/runner pairs, first match on <x> wins: (pattern, target name). Add a row
@@ -124,6 +141,19 @@ ISOLATION_LABELS = {
     "BM_cotenant_plain_streams": "co-tenant GEMMs, plain streams",
     "BM_cotenant_green_contexts": "co-tenant GEMMs, both in green contexts",
     "BM_cotenant_green_victim_only": "co-tenant on a plain stream, victim green",
+}
+# bm_triton (T13, T15): BM_serving_t13 and BM_serving_t15 per device, each side reporting
+# <side>_p50_us, <side>_p99_us and <side>_rps; the sides are read from the counters.
+SERVING_BENCHMARKS = ("BM_serving_t13", "BM_serving_t15")
+SERVING_SIDE = re.compile(r"^(\w+)_rps$")
+SERVING_LABELS = {
+    "runner": "runner called directly",
+    "torchloom": "torchloom backend",
+    "torchloom_batched": "torchloom backend, dynamic batching",
+    "minimal": "Triton's minimal backend",
+    "minimal_batched": "Triton's minimal backend, dynamic batching",
+    "pytorch": "Triton's PyTorch backend",
+    "pytorch_batched": "Triton's PyTorch backend, dynamic batching",
 }
 MIB = float(1 << 20)
 
@@ -478,6 +508,106 @@ def isolation_rows(other):
     return rows, verdicts, used
 
 
+def serving_rows(other):
+    """T13 and T15: one row per side of each BM_serving_t13/t15 benchmark (device by device),
+    with its p50 alone (one client), its p50, p99 and requests/s under 8 clients, and the
+    verdicts on the rows they concern. T13's latency is judged one client at a time: with 8
+    clients every request also waits for the 7 before it, which multiplies each side's cost."""
+    rows, verdicts, used = [], [], set()
+    t13, t15 = TARGETS["T13"], TARGETS["T15"]
+    runs = sorted((r for r in other if r.base in SERVING_BENCHMARKS), key=lambda r: r.order)
+    for r in runs:
+        used.add(r.base)
+        device = r.param("device") or "-"
+        what = "T13" if r.base.endswith("t13") else "T15"
+        c = counter_set(r)
+        sides = [m.group(1) for m in map(SERVING_SIDE.match, c)
+                 if m and not m.group(1).endswith("_one")]
+        known = list(SERVING_LABELS)
+        sides.sort(key=lambda x: (known.index(x) if x in known else len(known), x))
+        if r.error or not sides:
+            rows.append([what, device, "-", "-", "-", "-", "-",
+                         f"skipped: {r.error}" if r.error else "no data"])
+            verdicts.append((what, "skipped"))
+            continue
+        notes = {}
+        if what == "T13":
+            need = ("runner_one_p50_us", "torchloom_one_p50_us", "minimal_one_p50_us")
+            if all(k in c for k in need):
+                bound = c["runner_one_p50_us"] + c["minimal_one_p50_us"] + t13["max_overhead_us"]
+                notes["torchloom"] = check(
+                    "T13", c["torchloom_one_p50_us"] <= bound,
+                    f"p50 alone ≤ runner + minimal + {t13['max_overhead_us']:g} µs "
+                    f"= {fmt_us(bound)}", verdicts)
+            else:
+                notes["torchloom"] = not_measured(
+                    "T13", "no " + " / ".join(k for k in need if k not in c), verdicts)
+            if "torchloom_batched_rps" in c and "torchloom_rps" in c:
+                gain = c["torchloom_batched_rps"] / c["torchloom_rps"] if c["torchloom_rps"] else 0
+                notes["torchloom_batched"] = check(
+                    "T13", gain > 1.0, f"requests/s over unbatched > 1× ({gain:.2f}×)", verdicts)
+        else:
+            for ours, peer in (("torchloom", "pytorch"), ("torchloom_batched", "pytorch_batched")):
+                if f"{ours}_rps" not in c or not c.get(f"{peer}_rps"):
+                    continue
+                ratio = c[f"{ours}_rps"] / c[f"{peer}_rps"]
+                if ours == "torchloom" and device == t15["device"]:
+                    notes[ours] = check("T15", ratio >= t15["min_ratio"],
+                                        f"≥{t15['min_ratio']:g}× requests/s of the PyTorch "
+                                        f"backend ({ratio:.2f}×)", verdicts)
+                else:
+                    notes[ours] = f"{ratio:.2f}× the PyTorch backend's requests/s"
+            if "identical" in c:
+                same = c["identical"] >= 1.0
+                notes["pytorch"] = "outputs identical" if same else "outputs DIFFER"
+                if device == t15["device"]:
+                    verdicts.append(("T15", "pass" if same else "fail"))
+        for side in sides:
+            rows.append([what, device, SERVING_LABELS.get(side, side),
+                         fmt_us(c.get(f"{side}_one_p50_us")),
+                         fmt_us(c.get(f"{side}_p50_us")), fmt_us(c.get(f"{side}_p99_us")),
+                         f"{c[side + '_rps']:.0f}", notes.get(side, "")])
+    return rows, verdicts, used
+
+
+def serving_isolation_rows(other):
+    """T16: the victim model's latency beside a saturating co-tenant model in one Triton core,
+    against the same victim alone (BM_serving_t16/partition:<green|plain>)."""
+    rows, verdicts, used = [], [], set()
+    t16 = TARGETS["T16"]
+    runs = sorted((r for r in other if r.base == t16["benchmark"]), key=lambda r: r.order)
+    for r in runs:
+        used.add(r.base)
+        partition = r.param("partition") or "-"
+        what = ("both in green contexts" if partition == "green"
+                else "plain streams (control)" if partition == "plain" else partition)
+        if r.error:
+            rows.append([what] + ["-"] * 8 + [f"skipped: {r.error}"])
+            if partition == t16["partition"]:
+                verdicts.append(("T16", "skipped"))
+            continue
+        c = counter_set(r)
+        raw = c.get("ratio_vs_alone")
+        scaled = c.get("ratio_at_alone_clock")
+        note = "control"
+        if partition == t16["partition"]:
+            judged = scaled if scaled is not None else raw
+            if judged is None:
+                note = not_measured("T16", "no ratio", verdicts)
+            else:
+                how = "at the alone clock" if scaled is not None else "raw (no SM clocks)"
+                note = check("T16", judged <= t16["max_ratio"],
+                             f"≤{t16['max_ratio']:g}× {how}", verdicts)
+        mhz = (f"{c['alone_sm_mhz']:.0f} / {c['sm_mhz']:.0f}"
+               if "sm_mhz" in c and "alone_sm_mhz" in c else "-")
+        rows.append([what, f"{c.get('victim_sms', 0):.0f} / {c.get('cotenant_sms', 0):.0f}",
+                     fmt_us(c.get("alone_p99_us")), fmt_us(c.get("p50_us")),
+                     fmt_us(c.get("p99_us")), f"{raw:.2f}×" if raw is not None else "-",
+                     mhz, f"{scaled:.2f}×" if scaled is not None else "-",
+                     f"{c.get('cotenant_tflops', 0):.0f}", note])
+    return rows, verdicts, used
+
+
 def batch_of(r):
     """A row's batch as a number, None when it has none."""
     try:
@@ -521,6 +651,9 @@ def offload_targets(r, runs):
     twin, large_aoti), when larger than the smallest (compute-bound); T7: every streamed row;
     T5: the accelerate row; T11 (instead of T4 and T6): a streamed row with a resident share."""
     model, variant = r.param("model"), r.param("variant")
+    if model == TARGETS["T14"]["model"]:
+        return {TARGETS["T14"]["peer"]: ["T14"],
+                TARGETS["T14"]["variant"]: ["T14", "T7"]}.get(variant, [])
     if variant == TARGETS["T5"]["variant"]:
         return ["T5"]
     if variant != TARGETS["T7"]["variant"]:
@@ -567,6 +700,8 @@ def offload_verdict(tname, r, runs, verdicts):
         return cell
     if tname == "T11":
         return share_verdict(r, runs, verdicts)
+    if tname == "T14":
+        return llm_verdict(r, runs, verdicts)
     # T5: accelerate over streamed; T6: streamed over resident; same model and batch.
     t = TARGETS[tname]
     base_variant = t["over"]
@@ -621,6 +756,41 @@ def share_verdict(r, runs, verdicts):
             + f"÷ limit, {fmt_mib(c.get('resident_bytes'))} MiB resident)")
 
 
+def llm_verdict(r, runs, verdicts):
+    """T14 on a row of its model: the accelerate row against the streamed one (same batch);
+    the streamed row's share of the pinned limit, its weights against the free memory at
+    load, and its fewer-layer twin's bitwise check."""
+    t, c = TARGETS["T14"], counter_set(r)
+    if r.param("variant") == t["peer"]:
+        base = next((x for x in runs if x.param("model") == r.param("model")
+                     and x.param("variant") == t["variant"] and batch_of(x) == batch_of(r)),
+                    None)
+        if base is None or base.error or not ms_of(base) or ms_of(r) is None:
+            return not_measured("T14", f"no {t['variant']} time at model {r.param('model')} "
+                                f"batch {r.param('batch')}", verdicts)
+        ratio = ms_of(r) / ms_of(base)
+        return (judge("T14", t["min_ratio"], ratio, verdicts, at_least=True)
+                + f" (accelerate {ratio:.2f}× streamed)")
+    cells = []
+    if "pct_of_limit" in c:
+        cells.append(judge("T14", t["min_pct_of_limit"], c["pct_of_limit"], verdicts,
+                           at_least=True, unit="% of limit"))
+    else:
+        cells.append(not_measured("T14", "no pct_of_limit counter", verdicts))
+    if "exceeds_free" in c:
+        cells.append(check("T14", c["exceeds_free"] == 1,
+                           f"weights {fmt_mib(c.get('weight_bytes'))} MiB > "
+                           f"{fmt_mib(c.get('free_bytes'))} MiB free at load", verdicts))
+    else:
+        cells.append(not_measured("T14", "no exceeds_free counter", verdicts))
+    if "small_bitwise_equal" in c:
+        cells.append(check("T14", c["small_bitwise_equal"] == 1,
+                           "fewer-layer twin bitwise equal to resident", verdicts))
+    else:
+        cells.append(not_measured("T14", "no small_bitwise_equal counter", verdicts))
+    return "; ".join(cells)
+
+
 def offload_missing():
     """Targets of the offload table, and what is missing when no row is held to them."""
     streamed = TARGETS["T7"]["variant"]
@@ -632,6 +802,7 @@ def offload_missing():
         ("T7", f"no {streamed} row"),
         ("T8", f"no {streamed} row of model {TARGETS['T8']['model']}"),
         ("T11", f"no {streamed} row with a resident share (share:all, share:half)"),
+        ("T14", f"no {streamed} row of model {TARGETS['T14']['model']}"),
     )
 
 
@@ -720,12 +891,13 @@ def shared_rows(shared):
 
 
 def offload_section(runs, limit, shared):
-    """The Markdown of the offload tables (T4-T9, T11) and their verdicts."""
+    """The Markdown of the offload tables (T4-T9, T11, T14) and their verdicts."""
     rows, verdicts, notes = offload_rows(runs)
     srows, shared_verdicts = shared_rows(shared)
     if not srows:
         notes.append("- " + not_measured("T9", "no BM_offload_shared row", verdicts))
-    text = ("### Weight offload (bm_offload, PERF.md T4-T9, T11)\n" + limit_line(limit, runs)
+    text = ("### Weight offload (bm_offload, PERF.md T4-T9, T11, T14)\n"
+            + limit_line(limit, runs)
             + " GB/s = weight bytes a forward reads (streamed: bytes it copies) / median time; "
             "budget / high water: "
             "device memory for weights under streamed_weights; bitwise equal: the output "
@@ -997,11 +1169,15 @@ def main(argv):
     srows, stream_verdicts, used_s = stream_rows(other)
     irows, isolation_verdicts, used_i = isolation_rows(other)
     grows, graph_verdicts, used_g = graph_rows(other)
+    vrows, serving_verdicts, used_v = serving_rows(other)
+    v16rows, serving_isolation_verdicts, used_v16 = serving_isolation_rows(other)
+    used_g |= used_v | used_v16
     floor_note, used_f = graph_floor_note(other)
     used_g |= used_f
     runs, limit, shared = offload_results(other)
     used_o = {r.base for r in runs + shared + ([limit] if limit else [])}
-    verdicts = verdicts + stream_verdicts + isolation_verdicts + graph_verdicts
+    verdicts = (verdicts + stream_verdicts + isolation_verdicts + graph_verdicts
+                + serving_verdicts + serving_isolation_verdicts)
     other = [r for r in other if r.base not in used_s | used_i | used_o | used_g]
     if srows:
         tables.append("### T2: stream policies, per call (bm_streams; delta = policy − "
@@ -1029,6 +1205,21 @@ def main(argv):
             + markdown(["model", "loader", "batch", "calls", "raw median µs",
                         "runner median µs", "p99 raw / runner µs", "speed-up",
                         "bitwise", "target"], grows) + floor_note)
+    if vrows:
+        tables.append(
+            "### T13, T15: served by the in-process Triton core, batch 1, one client and 8 "
+            "client threads (bm_triton; the sides of a row group measured in one loop, "
+            "shuffled rounds; p50, p99 and requests/s with 8 clients)\n"
+            + markdown(["target", "device", "side", "p50 µs, 1 client", "p50 µs", "p99 µs",
+                        "requests/s", "verdict"], vrows))
+    if v16rows:
+        tables.append(
+            "### T16: two models in one Triton core, the victim beside a co-tenant saturating "
+            "the GPU (bm_triton)\n"
+            + markdown(["scenario", "SMs victim / co-tenant", "alone p99 µs", "p50 µs",
+                        "p99 µs", "p99 / alone", "SM MHz alone / beside",
+                        "p99 / alone at the alone clock", "co-tenant TFLOP/s", "target"],
+                       v16rows))
     if used_o:
         text, offload_verdicts = offload_section(runs, limit, shared)
         tables.append(text)

@@ -16,15 +16,24 @@
 
 namespace torchloom_run {
 
-//! Bad command-line usage: reported with the usage text, exit status 2.
+//! The exit statuses, the same in --help and both READMEs.
+enum exit_status : int {
+  exit_ok = 0,     //!< the model ran
+  exit_model = 1,  //!< torchloom, torch or the program refused the model, its options or inputs
+  exit_usage = 2,  //!< the command line itself is wrong
+};
+
+//! Bad command-line usage: one line, then where to find the usage text; exit status 2.
 struct usage_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-//! A problem with the model that the program found itself (not torchloom): printed alone,
-//! exit status 1, like a torchloom::error.
+//! A problem with the model that the program found itself (not torchloom): reported like a
+//! torchloom::error, exit status 1.
 struct model_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
+  model_error(std::string model_name, const std::string& message)
+      : std::runtime_error(message), model(std::move(model_name)) {}
+  std::string model;  //!< the model's name
 };
 
 //! The command line, parsed.

@@ -81,9 +81,8 @@ inline std::vector<c10::IValue> declared_inputs(const tl::input_signature& sig,
   for (const auto& s : sig) {
     if (s.has_default) break;
     if (!s.is_tensor || !s.dtype || !s.shape) {
-      throw model_error(cat(
-          "torchloom-run: model '", spec.name, "' does not declare the dtype and shape of input '",
-          s.name, "'; pass --input SHAPE:DTYPE"));
+      throw model_error(spec.name, cat("it does not declare the dtype and shape of input '",
+                                       s.name, "'; pass --input SHAPE:DTYPE"));
     }
     std::vector<std::int64_t> shape = *s.shape;
     for (std::size_t d = 0; d < shape.size(); ++d) {
@@ -100,29 +99,6 @@ inline void draw_progress(std::int64_t done, std::int64_t total) {
   std::cerr << "\r[" << std::string(filled, '#') << std::string(width - filled, '.') << "]  "
             << std::setw(static_cast<int>(std::to_string(total).size())) << done << '/' << total
             << std::flush;
-}
-
-//! A string as a JSON string literal.
-inline std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          std::array<char, 8> buf{};
-          std::snprintf(buf.data(), buf.size(), "\\u%04x", static_cast<unsigned>(c));
-          out += buf.data();
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + '"';
 }
 
 //! Latency statistics over every timed run of every thread, in microseconds.

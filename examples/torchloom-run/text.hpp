@@ -1,8 +1,12 @@
 #pragma once
 // Small text helpers of torchloom-run's own (the library keeps its helpers to itself).
+#include <torchloom/detail/strings.hpp>
+
 #include <c10/util/Exception.h>
 
+#include <array>
 #include <cstddef>
+#include <cstdio>
 #include <exception>
 #include <sstream>
 #include <string>
@@ -43,6 +47,39 @@ inline std::string message_of(const std::exception& e) {
     return c10_error->what_without_backtrace();
   }
   return e.what();
+}
+
+//! A string as a JSON string literal. A byte that is not part of well-formed UTF-8 (a path
+//! from the command line, say) becomes U+FFFD, so the document stays valid JSON.
+inline std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (std::size_t i = 0; i < s.size();) {
+    const char c = s[i];
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x80) {
+      const std::size_t n = torchloom::detail::utf8_sequence_length(s.substr(i));
+      out.append(n == 0 ? std::string_view("\\ufffd") : s.substr(i, n));
+      i += n == 0 ? 1 : n;
+      continue;
+    }
+    ++i;
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (u < 0x20 || u == 0x7f) {
+          std::array<char, 8> buf{};
+          std::snprintf(buf.data(), buf.size(), "\\u%04x", static_cast<unsigned>(u));
+          out += buf.data();
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + '"';
 }
 
 }  // namespace torchloom_run

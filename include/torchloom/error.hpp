@@ -36,7 +36,8 @@ inline std::string_view to_string(errc code) noexcept {
 //! The one exception type torchloom throws. what() reads
 //! "torchloom: model 'NAME': MESSAGE [CODE]"; model() and code() give the parts. Control
 //! characters in the name and the message (a newline in a value from a config) are escaped
-//! (`\n`), so a message is always one line.
+//! (`\n`), and so is every byte that is not well-formed UTF-8 (`\xff`, from a damaged file
+//! or a path), so a message is always one line of valid UTF-8 (detail::escape_controls).
 class error : public std::runtime_error {
  public:
   error(errc code, std::string model, const std::string& message)

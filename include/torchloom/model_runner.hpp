@@ -29,6 +29,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -116,6 +117,12 @@ class model_runner {
   model_runner(const model_runner&) = delete;
   model_runner& operator=(const model_runner&) = delete;
 
+  //! Waits for the work the runner's runs queued on its device (on a CUDA device: the device's
+  //! queued work, see detail::runner_core::drain), then destroys its parts in reverse order:
+  //! the residency state and the model, the stream policy, the hook (its fini), the op
+  //! libraries. Outputs already handed out stay valid.
+  ~model_runner() { core_.drain(); }
+
   //! Runs the model and returns its output tensors (a tuple or list output is flattened).
   //! CPU inputs are moved to the runner's device. Throws bad_input (nothing is launched and
   //! the runner stays usable), run_failed (torch raised while running; its message is kept).
@@ -171,9 +178,13 @@ class model_runner {
   //! order being the forward's). Output `i` (an element of a tuple output, or the one
   //! output) is called by the config's output ending in `__<i>`, else the config's `i`-th
   //! output, else `OUTPUT__<i>`. A model whose one argument is a `Dict[str, Tensor]` gets the
-  //! inputs as that dict, keyed by their names (Triton's convention for such models). Throws
-  //! bad_input naming an input the model does not have or one that is missing; otherwise as
-  //! run_ivalue().
+  //! inputs as that dict, keyed by their names (Triton's convention for such models).
+  //! An AOTInductor package takes Triton 26.05's names as well: `ARGS[i]`, `ARGS[i][key]`,
+  //! `KWARGS[name]` and `INPUT__<i>` for its flattened inputs, and returns each output under
+  //! the config's name for it, else its forward-based name (`RESULT`, `RESULT[key]`,
+  //! `RESULT[key][j]`; `OUTPUT__<i>` where it has none). Throws bad_input naming an input the
+  //! model does not have (and why, for a value torch fixed at export) or one that is
+  //! missing; otherwise as run_ivalue().
   std::map<std::string, c10::IValue> run_named(const std::map<std::string, c10::IValue>& inputs) {
     const auto& sig = core_.signature();
     if (sig.size() == 1 && sig[0].type && sig[0].type->kind() == c10::TypeKind::DictType &&
@@ -197,9 +208,12 @@ class model_runner {
       if (!pos) {
         std::vector<std::string> names;
         for (const auto& s : sig) names.push_back(s.name);
+        for (const auto& n : core_.names().inputs) names.push_back(n);
+        const std::string why = core_.why_no_input(name);
         throw error(errc::bad_input, core_.name(),
                     detail::concat("no input is called '", detail::printable(name, 64), "'",
-                                   detail::did_you_mean(name, names)));
+                                   why.empty() ? detail::did_you_mean(name, names)
+                                               : detail::concat(": ", why)));
       }
       if (given[*pos]) {
         throw error(errc::bad_input, core_.name(),
@@ -213,8 +227,12 @@ class model_runner {
     while (count > 0 && !given[count - 1] && sig[count - 1].has_default) --count;
     for (std::size_t i = 0; i < count; ++i) {
       if (!given[i]) {
+        const auto& forward = core_.names().inputs;
         throw error(errc::bad_input, core_.name(),
-                    detail::concat("run_named: no value for ", detail::input_label(sig, i)));
+                    detail::concat("run_named: no value for ", detail::input_label(sig, i),
+                                   i < forward.size() && forward[i] != sig[i].name
+                                       ? detail::concat(", ", forward[i])
+                                       : std::string()));
       }
     }
     positional.resize(count);
@@ -229,6 +247,18 @@ class model_runner {
   c10::Device device() const noexcept { return core_.device(); }
   //! The declared inputs run() checks against.
   const input_signature& inputs() const noexcept { return core_.signature(); }
+  //! The forward-based names of the model's inputs and outputs (an AOTInductor package's;
+  //! empty for other models).
+  const io_names& names() const noexcept { return core_.names(); }
+  //! The input position a request's name stands for, by run_named's rules; nothing when none.
+  std::optional<std::size_t> input_index(std::string_view name) const {
+    return core_.input_position(name);
+  }
+  //! The output position a request's name stands for (a name run_named returns it under, or
+  //! for a package any of its forward-based and ordinal names); nothing when none.
+  std::optional<std::size_t> output_index(std::string_view name) const {
+    return core_.output_position(name);
+  }
   //! The stream policy (e.g. graphed<S>::stats()).
   const Stream& stream() const noexcept { return stream_; }
   //! The loaded model (for inspection; run() is the way to call it).
@@ -244,14 +274,17 @@ class model_runner {
   }
 
  private:
-  // run_named's outputs: each element of a tuple output, or the one output, by its name.
+  // run_named's outputs: each element of a tuple output, or the one output, by its names.
   std::map<std::string, c10::IValue> name_outputs(const c10::IValue& out) const {
     std::map<std::string, c10::IValue> named;
+    const auto add = [&](std::size_t i, const c10::IValue& v) {
+      for (auto& n : core_.output_names(i)) named[std::move(n)] = v;
+    };
     if (out.isTuple()) {
       const auto& elements = out.toTupleRef().elements();
-      for (std::size_t i = 0; i < elements.size(); ++i) named[core_.output_name(i)] = elements[i];
+      for (std::size_t i = 0; i < elements.size(); ++i) add(i, elements[i]);
     } else {
-      named[core_.output_name(0)] = out;
+      add(0, out);
     }
     return named;
   }
@@ -274,8 +307,19 @@ class model_runner {
       core_.adopt_model_device(loader_.model_device(weights_.model()));  // KIND_MODEL
     }
     input_signature sig = loader_.signature(weights_.model());
+    if constexpr (requires { loader_.names(weights_.model()); }) {
+      io_names names = loader_.names(weights_.model());
+      if (core_.spec().config) {
+        // Which call-spec leaves are the package's inputs, where only the config can say.
+        std::vector<std::string> declared;
+        for (const auto& d : core_.spec().config->inputs) declared.push_back(d.name);
+        names.resolve_inputs(declared, sig.size());
+      }
+      core_.set_names(std::move(names));  // binds the config's outputs
+    }
     if (core_.spec().config) {
-      sig = detail::merge_config_inputs(std::move(sig), *core_.spec().config, core_.name());
+      sig = detail::merge_config_inputs(std::move(sig), *core_.spec().config, core_.name(),
+                                        core_.names());
     }
     core_.set_signature(std::move(sig));
     detail::warm_up(core_, [this](std::vector<c10::IValue> in) { run_ivalue(std::move(in)); });
@@ -287,8 +331,31 @@ class model_runner {
   }
 
   // Options that only some policy reads must meet a policy of this runner that reads them:
-  // otherwise they would be ignored without a word (a hook library that never runs).
+  // otherwise they would be ignored without a word (a hook library that never runs). A model
+  // of the other platform must not reach this runner's loader, whose torch call would fail
+  // with a message about the archive's insides.
   static model_spec checked_spec(model_spec spec) {
+    if constexpr (requires { std::string_view(Loader::platform); }) {
+      const std::string_view mine = Loader::platform;
+      const model_platform& theirs = spec.platform;
+      if (!theirs.name.empty() && theirs.name != mine) {
+        const std::string where =
+            theirs.line > 0
+                ? detail::concat((spec.directory / "config.pbtxt").string(), ":", theirs.line,
+                                 ": ")
+                : std::string();
+        throw error(errc::invalid_option, spec.name,
+                    detail::concat(where, theirs.reason, " calls for ",
+                                   describe(format_of_platform(theirs.name)), " (platform '",
+                                   theirs.name, "'), but this runner's loader reads ",
+                                   describe(format_of_platform(mine)), " (platform '", mine,
+                                   "'): use model_runner<",
+                                   theirs.name == aoti_platform ? "aoti_loader"
+                                                                : "torchscript_loader",
+                                   ", ...> (torchloom::loader_for(spec) says which loader a "
+                                   "model calls for)"));
+      }
+    }
     const runner_options defaults{};
     for (const auto& [key, readers] : policy_option_readers()) {
       if (get_option(spec.options, key) == get_option(defaults, key)) continue;

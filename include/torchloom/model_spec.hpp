@@ -3,6 +3,7 @@
 #include <torchloom/error.hpp>
 #include <torchloom/libraries/library_trust.hpp>
 #include <torchloom/options.hpp>
+#include <torchloom/platform.hpp>
 #include <torchloom/triton/config.hpp>
 #include <torchloom/triton/config_json.hpp>
 
@@ -107,11 +108,16 @@ struct model_spec {
   std::optional<std::int64_t> version;      //!< the version picked in a Triton layout
   runner_options options;
   std::optional<triton_config> config;  //!< set when the directory has a config.pbtxt
+  //! Which of Triton's PyTorch platforms the model is (see resolve_platform): it chooses the
+  //! loader (loader_for), and a runner whose loader is for the other one refuses the spec.
+  //! Empty when nothing decides (a spec built by hand, a file of unknown format).
+  model_platform platform;
   //! config.pbtxt parameters whose keys the application reserved for itself (from_directory's
   //! `host_keys`, e.g. a serving backend's policy choice): kept as text, not options.
   std::map<std::string, std::string> host_parameters;
 
-  //! A single model file; its directory is the file's directory.
+  //! A single model file; its directory is the file's directory. Its platform is what the
+  //! file holds (a TorchScript archive, an AOTInductor package), else what a `.pt2` name says.
   //! Throws model_not_found when the file does not exist.
   static model_spec from_file(const std::filesystem::path& file) {
     detail::require_model_file(file.stem().string(), file);
@@ -120,6 +126,7 @@ struct model_spec {
     s.file = std::filesystem::absolute(file);
     s.directory = s.file.parent_path();
     s.version_directory = s.directory;
+    s.platform = detail::platform_of_file(s.file, "the file ");
     return s;
   }
 
@@ -127,13 +134,16 @@ struct model_spec {
   //! numeric version subdirectory (written without leading zeros, as Triton names them).
   //! Reads config.pbtxt if present (see read_triton_config): its name, inputs, outputs,
   //! instance_group, model_warmup and its `parameters`, which become options, except those
-  //! whose key is in `host_keys` (an application's own keys): they go to host_parameters. Throws
-  //! model_not_found (missing directory, no version, missing version), invalid_option (a bad
-  //! config or parameter; a directory that cannot be read, with the system's reason),
-  //! unsupported (a config for another backend; a key of Triton's Python runtime).
-  //! `config_json`, when given, is the model configuration as JSON (protobuf's JSON form of
-  //! Triton's ModelConfig, as Triton's core hands it to a backend): it is used instead of
-  //! config.pbtxt, which is then not read, and checked the same way (parse_triton_config_json).
+  //! whose key is in `host_keys` (an application's own keys): they go to host_parameters.
+  //! Resolves the platform as Triton's core does (see resolve_platform) and checks that the
+  //! model file, where it exists, is what the platform calls for. Throws model_not_found
+  //! (missing directory, no version, missing version), invalid_option (a bad config or
+  //! parameter; a model file that contradicts the platform; a directory that cannot be read,
+  //! with the system's reason), unsupported (a config for another backend; a key of Triton's
+  //! Python runtime). `config_json`, when given, is the model configuration as JSON
+  //! (protobuf's JSON form of Triton's ModelConfig, as Triton's core hands it to a backend): it
+  //! is used instead of config.pbtxt, which is then not read, and checked the same way
+  //! (parse_triton_config_json).
   static model_spec from_directory(const std::filesystem::path& dir,
                                    std::optional<std::int64_t> version = std::nullopt,
                                    const std::vector<std::string>& host_keys = {},
@@ -239,6 +249,16 @@ struct model_spec {
                            detail::concat("version ", *s.version, " directory"),
                            errc::invalid_option);
     if (!s.file.empty()) s.file = s.version_directory / s.file;
+    s.platform = resolve_platform(s.config ? &*s.config : nullptr, s.version_directory);
+    // A model file outside the model directory is refused at load, unread.
+    const fs::path model = s.model_file(s.platform.default_filename());
+    const std::string real = detail::real_path(model.string());
+    const std::string real_directory = detail::real_path(s.directory.string());
+    if (real.empty() ||
+        (!real_directory.empty() && detail::path_is_within(real, real_directory))) {
+      check_platform_file(s.name, s.platform, s.version_directory, model, !s.file.empty(),
+                          config_file);
+    }
     return s;
   }
 

@@ -12,12 +12,15 @@
 #include <torchloom/loader/aoti.hpp>
 #include <torchloom/loader/torchscript.hpp>
 #include <torchloom/model_runner.hpp>
+#include <torchloom/model_spec.hpp>
+#include <torchloom/platform.hpp>
 #include <torchloom/residency/mapped.hpp>
 #include <torchloom/residency/resident.hpp>
 #include <torchloom/residency/shared.hpp>
 #include <torchloom/residency/streamed.hpp>
 #include <torchloom/stream/adaptive.hpp>
 #include <torchloom/stream/caller.hpp>
+#include <torchloom/stream/graphed.hpp>
 #include <torchloom/stream/green_context.hpp>
 #include <torchloom/stream/pool.hpp>
 
@@ -47,9 +50,12 @@ BOOST_DESCRIBE_ENUM(loader_kind, torchscript, aoti)
 enum class hook_kind { none, dlopen };
 BOOST_DESCRIBE_ENUM(hook_kind, none, dlopen)
 
-//! The stream policies: caller_stream, pool_stream, adaptive_stream, green_context_stream.
-enum class stream_kind { caller, pool, adaptive, green };
-BOOST_DESCRIBE_ENUM(stream_kind, caller, pool, adaptive, green)
+//! The stream policies: caller_stream, pool_stream, adaptive_stream, green_context_stream,
+//! green_context_complement_stream (green_complement: the SMs a green runner with the same
+//! GREEN_CONTEXT_SM_COUNT leaves) and graphed<caller_stream> (graphed_caller: CUDA graph
+//! replays on the caller's stream).
+enum class stream_kind { caller, pool, adaptive, green, green_complement, graphed_caller };
+BOOST_DESCRIBE_ENUM(stream_kind, caller, pool, adaptive, green, green_complement, graphed_caller)
 
 //! The residency policies: resident_weights, shared_weights, streamed_weights, mapped_weights.
 enum class residency_kind { resident, shared, streamed, mapped };
@@ -75,7 +81,7 @@ std::string_view to_string(E kind) noexcept {
   return boost::describe::enum_to_string(kind, "unknown");
 }
 
-//! Every name of a role, in declaration order, e.g. {"caller", "pool", "adaptive", "green"}.
+//! Every name of a role, in declaration order, e.g. {"resident", "shared", "streamed", "mapped"}.
 template <policy_kind E>
 std::vector<std::string> policy_names() {
   std::vector<std::string> names;
@@ -85,21 +91,46 @@ std::vector<std::string> policy_names() {
 }
 
 //! Parses a policy's name (exact, lower case). Throws invalid_option naming the text, the
-//! role and the valid names; `model` is the model the choice is for (may be empty).
+//! role, the close names ("did you mean 'pool'?") and the valid names; `model` is the model
+//! the choice is for (may be empty).
 template <policy_kind E>
 E parse_policy(std::string_view text, std::string_view model = {}) {
   E out{};
   if (!boost::describe::enum_from_string(std::string(text).c_str(), out)) {
+    const std::vector<std::string> names = policy_names<E>();
+    const std::string valid = detail::quoted_list(names, " or ");
+    const std::string near = detail::did_you_mean(text, names);
     throw error(errc::invalid_option, std::string(model),
-                detail::concat("'", text, "' is not a ", role_name<E>(), " policy; use ",
-                               detail::quoted_list(policy_names<E>(), " or ")));
+                near.empty()
+                    ? detail::concat("'", detail::printable(text, 64), "' is not a ",
+                                     role_name<E>(), " policy; use ", valid)
+                    : detail::concat("'", detail::printable(text, 64), "' is not a ",
+                                     role_name<E>(), " policy", near, " (use ", valid, ")"));
   }
   return out;
 }
 
-//! The loader a model file calls for: aoti for a `.pt2` package, torchscript otherwise.
+//! The loader a model file's name calls for: aoti for a `.pt2` package, torchscript
+//! otherwise. loader_for(model_spec) is the rule for a model: its platform, else the file's
+//! content.
 inline loader_kind loader_for_file(const std::filesystem::path& file) {
   return file.extension() == ".pt2" ? loader_kind::aoti : loader_kind::torchscript;
+}
+
+//! The loader a model calls for, as Triton chooses its PyTorch backend's path: the model's
+//! platform (`torch_aoti`: aoti; `pytorch_libtorch`, `libtorch`: torchscript), resolved by
+//! model_spec::from_directory and from_file (see resolve_platform). A spec whose platform is
+//! not set (built by hand) is resolved here from its config and version directory, else from
+//! its file's content or name; torchscript when nothing decides (its loader then reports the
+//! missing model.pt). A program that picks its runner at run time (a CLI, a serving backend)
+//! passes this to with_runner_type; a runner of the other loader refuses the spec.
+inline loader_kind loader_for(const model_spec& spec) {
+  model_platform p = spec.platform;
+  if (p.name.empty() && (spec.config || !spec.version_directory.empty())) {
+    p = resolve_platform(spec.config ? &*spec.config : nullptr, spec.version_directory);
+  }
+  if (p.name.empty() && !spec.file.empty()) p = detail::platform_of_file(spec.file, "");
+  return p.name == aoti_platform ? loader_kind::aoti : loader_kind::torchscript;
 }
 
 //! A runner's four policies, chosen at run time. The defaults are model_runner's.
@@ -119,13 +150,21 @@ inline std::string to_string(const policy_choice& c) {
 }
 
 //! Why `c` has no runner type in this build (a sentence), or an empty view when it has one.
-//! Unavailable: aoti without LibTorch >= 2.6 and green without torchloom::cuda.
+//! Unavailable: aoti without LibTorch >= 2.6, green and green_complement without
+//! torchloom::cuda, and graphed_caller with streamed (a captured graph would replay one run's
+//! weight copies).
 constexpr std::string_view why_unavailable(const policy_choice& c) noexcept {
   if (c.loader == loader_kind::aoti && TORCHLOOM_TORCH_VERSION < 20600) {
     return "the aoti loader needs LibTorch >= 2.6, and this build has an older one";
   }
-  if (c.stream == stream_kind::green && !TORCHLOOM_HAS_CUDA) {
-    return "the green stream policy needs CUDA (torchloom::cuda), and this build has none";
+  if ((c.stream == stream_kind::green || c.stream == stream_kind::green_complement) &&
+      !TORCHLOOM_HAS_CUDA) {
+    return "the green stream policies need CUDA (torchloom::cuda), and this build has none";
+  }
+  if (c.stream == stream_kind::graphed_caller && c.residency == residency_kind::streamed) {
+    return "graphed_caller cannot stream weights: a captured CUDA graph replays the first "
+           "run's weight copies; use streamed with a plain stream policy, or graphed_caller "
+           "with resident, shared or mapped";
   }
   return {};
 }
@@ -178,6 +217,14 @@ struct stream_type_of<stream_kind::adaptive> {
 template <>
 struct stream_type_of<stream_kind::green> {
   using type = green_context_stream;
+};
+template <>
+struct stream_type_of<stream_kind::green_complement> {
+  using type = green_context_complement_stream;
+};
+template <>
+struct stream_type_of<stream_kind::graphed_caller> {
+  using type = graphed<caller_stream>;
 };
 
 //! The residency policy type a residency_kind names.

@@ -10,13 +10,16 @@
 #include <torchloom/hook/dlopen_hook_options.hpp>
 #include <torchloom/hook/no_hook.hpp>
 #include <torchloom/hook/static_hook.hpp>
+#include <torchloom/io_names.hpp>
 #include <torchloom/libraries/library_trust.hpp>
 #include <torchloom/loader/aoti.hpp>
 #include <torchloom/loader/aoti_options.hpp>
 #include <torchloom/loader/torchscript.hpp>
+#include <torchloom/model_format.hpp>
 #include <torchloom/model_runner.hpp>
 #include <torchloom/model_spec.hpp>
 #include <torchloom/options.hpp>
+#include <torchloom/platform.hpp>
 #include <torchloom/policy_choice.hpp>
 #include <torchloom/residency/mapped.hpp>
 #include <torchloom/residency/resident.hpp>

@@ -6,7 +6,13 @@
 #  fetch_content  build and run the consumer with torchloom pulled in from SOURCE_DIR by
 #                 FetchContent, install the consumer and check that torchloom is not in it;
 #  no_torch       install, then configure a consumer with Torch hidden: QUIET must set
-#                 torchloom_FOUND false, REQUIRED must fail naming Torch.
+#                 torchloom_FOUND false, REQUIRED must fail naming Torch;
+#  docs           the README's CMakeLists.txt for PROJECT (find_package, add_subdirectory or
+#                 fetch_content; tests/docs/snippets.py extracts it) with
+#                 examples/quickstart/main.cpp: configure, build and run it on MODEL_DIR, as
+#                 the README says (find_package: against an install of BUILD_DIR;
+#                 add_subdirectory: SOURCE_DIR as third_party/torchloom; fetch_content: a git
+#                 clone of SOURCE_DIR at its HEAD commit).
 file(REMOVE_RECURSE ${WORK_DIR})
 
 function(run)
@@ -22,7 +28,8 @@ if(POLICY_MINIMUM)
   list(APPEND extra -DCMAKE_POLICY_VERSION_MINIMUM=${POLICY_MINIMUM})
 endif()
 
-if(MODE STREQUAL "find_package" OR MODE STREQUAL "no_torch")
+if(MODE STREQUAL "find_package" OR MODE STREQUAL "no_torch"
+   OR (MODE STREQUAL "docs" AND PROJECT STREQUAL "find_package"))
   run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
 endif()
 
@@ -74,6 +81,36 @@ elseif(MODE STREQUAL "no_torch")
                         "Torch (exit ${rc}):\n${out}${err}")
   endif()
   message(STATUS "no_torch: REQUIRED fails naming Torch")
+elseif(MODE STREQUAL "docs")
+  set(project_dir "${WORK_DIR}/my_app")
+  run(${PYTHON3} ${SOURCE_DIR}/tests/docs/snippets.py project ${SOURCE_DIR} ${PROJECT}
+      ${project_dir})
+  set(args -DTorch_DIR=${Torch_DIR} ${extra})
+  if(PROJECT STREQUAL "find_package")
+    list(APPEND args -DCMAKE_PREFIX_PATH=${prefix})
+  elseif(PROJECT STREQUAL "add_subdirectory")
+    file(MAKE_DIRECTORY ${project_dir}/third_party)
+    file(CREATE_LINK ${SOURCE_DIR} ${project_dir}/third_party/torchloom SYMBOLIC)
+  elseif(PROJECT STREQUAL "fetch_content")
+    find_program(GIT git)
+    execute_process(COMMAND ${GIT} -C ${SOURCE_DIR} rev-parse HEAD RESULT_VARIABLE rc
+                    OUTPUT_VARIABLE commit OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    if(NOT GIT OR NOT rc EQUAL 0)
+      message(STATUS "docs: skipped: ${SOURCE_DIR} is not a git checkout")
+      return()
+    endif()
+    # The commit, not the working tree: what a user's FetchContent would get.
+    list(APPEND args -DTORCHLOOM_GIT=${SOURCE_DIR} -DTORCHLOOM_COMMIT=${commit})
+  endif()
+  run(${CMAKE_COMMAND} -S ${project_dir} -B ${WORK_DIR}/build -G ${GENERATOR} ${args})
+  run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+  execute_process(COMMAND ${WORK_DIR}/build/my_app ${MODEL_DIR} RESULT_VARIABLE rc
+                  OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message(STATUS "my_app: ${out}${err}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "my_app failed (${rc})")
+  endif()
+  message(STATUS "docs: ${PROJECT}: my_app ran")
 else()
   message(FATAL_ERROR "unknown MODE '${MODE}'")
 endif()

@@ -11,6 +11,7 @@
 #include <torch/csrc/jit/frontend/sugared_value.h>
 #include <torch/script.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -30,6 +31,18 @@ inline torch::jit::Module make_linear(std::int64_t in = 8, std::int64_t out = 4)
 def forward(self, x):
     return torch.linear(x, self.w, self.b)
 )");
+  return m;
+}
+
+//! A chain of `steps` products of an [n, n] input with one [n, n] weight (each followed by
+//! tanh): on a GPU it runs for milliseconds, long enough for the host to act while it runs.
+//! Two chains made with different seeds have the same shapes and different weights.
+inline torch::jit::Module make_slow_chain(std::int64_t n = 2048, int steps = 30, int seed = 0) {
+  torch::manual_seed(seed);
+  torch::jit::Module m("chain");
+  m.register_parameter("w", torch::randn({n, n}) / std::sqrt(static_cast<double>(n)), false);
+  m.define("def forward(self, x):\n    y = x\n    for _ in range(" + std::to_string(steps) +
+           "):\n        y = torch.tanh(torch.matmul(y, self.w))\n    return y\n");
   return m;
 }
 

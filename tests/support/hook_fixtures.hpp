@@ -69,6 +69,10 @@ struct e2e_options {
   std::string op_libraries;           // default: the trusted tl_test op library
   bool weights = true;
   bool weights_in_version_directory = false;  // where Triton-ABI hooks look
+  // An AOTInductor package of the same model: the version directory holds it as model.pt2
+  // instead of the TorchScript model.pt.
+  fs::path package;
+  std::string config;  // more config.pbtxt lines (a platform, parameters, instance_group)
 };
 
 //! A Triton-layout model directory: the model calls tl_test::lookup on two tables, whose
@@ -95,7 +99,14 @@ struct e2e_model {
       config += "parameters { key: \"MODEL_INIT_LIBRARY\" value: { string_value: \"" + hook +
                 "\" } }\n";
     }
-    write_triton_model(dir.path(), m, config);
+    config += o.config;
+    if (o.package.empty()) {
+      write_triton_model(dir.path(), m, config);
+    } else {
+      fs::create_directories(dir / "1");
+      fs::copy_file(o.package, dir / "1" / "model.pt2");
+      write_file(dir / "config.pbtxt", config);
+    }
     if (o.weights) {
       const fs::path w = (o.weights_in_version_directory ? dir / "1" : dir.path()) / "weights";
       write_table(w / "table_0.bin", 0, table0);

@@ -58,3 +58,22 @@ inline void rewrite_archive(const std::filesystem::path& in, const std::filesyst
 }
 
 }  // namespace torchloom_test
+
+namespace torchloom_test {
+
+//! Writes a zip archive with an AOTInductor package's layout through torch's archive writer
+//! (`model/archive_format` reading "pt2", `model/data/aotinductor/model/...`): what tells a
+//! package from a TorchScript archive, without a compiled model in it.
+inline void write_package_layout(const std::filesystem::path& path) {
+  caffe2::serialize::PyTorchStreamWriter writer(path.string());
+  const std::vector<std::pair<std::string, std::string>> records = {
+      {"archive_format", "pt2"},
+      {"archive_version", "0"},
+      {"byteorder", "little"},
+      {"data/aotinductor/model/model.wrapper.cpp", "// not compiled"},
+      {"data/aotinductor/model/model.wrapper.so", std::string(64, '\0')}};
+  for (const auto& [name, bytes] : records) writer.writeRecord(name, bytes.data(), bytes.size());
+  writer.writeEndOfFile();
+}
+
+}  // namespace torchloom_test

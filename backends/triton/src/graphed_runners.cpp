@@ -1,6 +1,8 @@
 // The graphed runners of TORCHLOOM_GRAPHS: model_runner<L, H, graphed<S>, R> for each runner
 // type of the plain choice, in a translation unit of their own (compiled beside the backend's
-// main one). A build without CUDA has none: graphs need a GPU.
+// main one). With caller (and graphed_caller) the backend chooses graphed_caller instead, a
+// runner type of the plain choice. A build without CUDA has no graphed runners of its own:
+// graphed<S> is a no-op there (it has only CPU devices), so the plain runner serves.
 #include "any_runner.hpp"
 
 #include <torchloom/detail/config.hpp>
@@ -16,9 +18,15 @@ namespace {
 
 template <class Runner>
 struct graphed_runner_of;
+template <class S>
+inline constexpr bool is_graphed = false;
+template <class S>
+inline constexpr bool is_graphed<graphed<S>> = true;
+
 template <class L, class H, class S, class R>
 struct graphed_runner_of<model_runner<L, H, S, R>> {
-  static constexpr bool possible = !std::is_same_v<R, streamed_weights>;
+  // Streamed weights are refused by the backend first; a graphed S is never wrapped again.
+  static constexpr bool possible = !std::is_same_v<R, streamed_weights> && !is_graphed<S>;
   using type = model_runner<L, H, graphed<S>, R>;
 };
 
@@ -28,12 +36,6 @@ struct graphed_runner_of<model_runner<L, H, S, R>> {
 std::unique_ptr<any_runner> make_graphed_runner(const policy_choice& choice,
                                                 const model_spec& spec,
                                                 std::optional<c10::Device> device) {
-  if (choice.residency == residency_kind::streamed) {
-    throw error(errc::invalid_option, spec.name,
-                "TORCHLOOM_GRAPHS=true with TORCHLOOM_RESIDENCY=streamed: a CUDA graph replays "
-                "the copies of its capture, and streamed weights are placed anew at every run; "
-                "use resident, shared or mapped weights with graphs");
-  }
 #if TORCHLOOM_HAS_CUDA
   return with_runner_type(
       choice,
@@ -42,15 +44,14 @@ std::unique_ptr<any_runner> make_graphed_runner(const policy_choice& choice,
         if constexpr (graphed_of::possible) {
           return std::make_unique<runner_box<typename graphed_of::type>>(spec, device);
         } else {
-          return nullptr;  // refused above
+          throw error(errc::invalid_option, spec.name,
+                      "TORCHLOOM_GRAPHS=true: this stream and residency policy cannot be "
+                      "graphed");
         }
       },
       spec.name);
 #else
-  (void)device;
-  throw error(errc::unsupported, spec.name,
-              "TORCHLOOM_GRAPHS=true: this build of the backend has no CUDA (torchloom::cuda), "
-              "and CUDA graphs need it");
+  return make_runner(choice, spec, device);
 #endif
 }
 

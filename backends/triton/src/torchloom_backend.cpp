@@ -38,6 +38,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -139,13 +140,7 @@ E policy_parameter(const model_spec& spec, const std::string& key, E fallback) {
 //! build does not have.
 policy_choice choose_policies(const model_spec& spec) {
   policy_choice c;
-  fs::path file = spec.file;
-  if (file.empty()) {
-    std::error_code ec;
-    const bool has_pt = fs::exists(spec.version_directory / "model.pt", ec);
-    if (!has_pt && fs::exists(spec.version_directory / "model.pt2", ec)) file = "model.pt2";
-  }
-  c.loader = loader_for_file(file);
+  c.loader = loader_for(spec);
   c.hook = policy_parameter(spec, "TORCHLOOM_HOOK", spec.options.model_init_library.empty()
                                                         ? hook_kind::none
                                                         : hook_kind::dlopen);
@@ -244,6 +239,19 @@ class model_state : public tb::BackendModel {
       }
       graphs_ = *on;
     }
+    if (graphs_) {
+      // TORCHLOOM_GRAPHS=true is graphed<S> around the stream policy S: with caller (the
+      // default) that is TORCHLOOM_STREAM=graphed_caller, one runner type for both; with
+      // graphed_caller it says the same thing again.
+      if (choice_.residency == residency_kind::streamed) {
+        throw error(errc::invalid_option, spec_.name,
+                    "TORCHLOOM_GRAPHS=true with TORCHLOOM_RESIDENCY=streamed: a CUDA graph "
+                    "replays the copies of its capture, and streamed weights are placed anew "
+                    "at every run; use resident, shared or mapped weights with graphs");
+      }
+      if (choice_.stream == stream_kind::caller) choice_.stream = stream_kind::graphed_caller;
+      if (choice_.stream == stream_kind::graphed_caller) graphs_ = false;
+    }
     read_inputs();
     read_outputs();
     if (auto it = spec_.host_parameters.find("TORCHLOOM_DEVICE");
@@ -260,8 +268,14 @@ class model_state : public tb::BackendModel {
 
   const model_spec& spec() const { return spec_; }
   const policy_choice& choice() const { return choice_; }
-  //! TORCHLOOM_GRAPHS: the stream policy wrapped in graphed<...> (CUDA graph replays).
+  //! TORCHLOOM_GRAPHS with a stream policy other than caller and graphed_caller: the policy
+  //! wrapped in graphed<...> (CUDA graph replays). With those two, the choice's stream is
+  //! graphed_caller instead.
   bool graphs() const { return graphs_; }
+  //! Throws why the outputs could not be bound by Triton's rules (output_decl::index), if so.
+  void require_outputs_bound() const {
+    if (outputs_unbound_) std::rethrow_exception(outputs_unbound_);
+  }
   //! The inputs, in the config's order, then Triton's: batch inputs, sequence controls, state.
   const std::vector<input_decl>& inputs() const { return inputs_; }
   const std::vector<output_decl>& outputs() const { return outputs_; }
@@ -522,8 +536,15 @@ class model_state : public tb::BackendModel {
         outputs_.push_back(std::move(d));
       }
     }
-    const io_positions bound = bind_output_names(name, names);
-    for (std::size_t i = 0; i < outputs_.size(); ++i) outputs_[i].index = bound.positions[i];
+    // Triton's rules for a model without forward-based names; an AOTInductor package with
+    // them is bound by its runner's names instead (instance_state::bind_outputs), so a
+    // contradiction here counts only for the others.
+    try {
+      const io_positions bound = bind_output_names(name, names);
+      for (std::size_t i = 0; i < outputs_.size(); ++i) outputs_[i].index = bound.positions[i];
+    } catch (const error&) {
+      outputs_unbound_ = std::current_exception();
+    }
   }
 
   model_spec spec_;
@@ -531,6 +552,7 @@ class model_state : public tb::BackendModel {
   bool graphs_ = false;
   std::vector<input_decl> inputs_;
   std::vector<output_decl> outputs_;
+  std::exception_ptr outputs_unbound_;
   std::optional<c10::Device> model_device_;
 };
 
@@ -568,6 +590,7 @@ class instance_state : public tb::BackendModelInstance {
                   "torchloom::cuda (TORCHLOOM_HAS_CUDA)");
     }
     bind_inputs();
+    bind_outputs();
   }
 
   ~instance_state() override {
@@ -615,17 +638,45 @@ class instance_state : public tb::BackendModelInstance {
       dict_ = true;
       return;
     }
-    std::vector<std::string> arguments;
-    for (const auto& s : sig) arguments.push_back(s.name);
-    const io_positions bound = bind_input_names(name, names, arguments);
+    std::vector<std::size_t> positions;
+    if (const io_names& forward = runner_->names(); forward.forward_based) {
+      // An AOTInductor package with a call spec: its forward-based and ordinal names, as
+      // model_runner (and Triton 26.05) binds them.
+      for (const auto& d : decls) {
+        const auto k = runner_->input_index(d.name);
+        if (!k) {
+          const std::string why = forward.why_not(d.name);
+          throw error(errc::invalid_option, name,
+                      detail::concat("input '", d.name, "' is not an input of the package",
+                                     why.empty()
+                                         ? detail::concat(": its inputs are ",
+                                                          detail::io_name_list(
+                                                              forward.inputs, sig.size(),
+                                                              "INPUT", forward.inputs_unknown))
+                                         : detail::concat(": ", why)));
+        }
+        for (std::size_t j = 0; j < positions.size(); ++j) {
+          if (positions[j] != *k) continue;
+          throw error(errc::invalid_option, name,
+                      detail::concat("inputs '", decls[j].name, "' and '", d.name,
+                                     "' both name the package's ",
+                                     detail::input_label(sig, *k)));
+        }
+        positions.push_back(*k);
+      }
+    } else {
+      std::vector<std::string> arguments;
+      for (const auto& s : sig) arguments.push_back(s.name);
+      positions = bind_input_names(name, names, arguments).positions;
+    }
     for (std::size_t i = 0; i < decls.size(); ++i) {
-      inputs_.push_back({&decls[i], bound.positions[i]});
+      inputs_.push_back({&decls[i], positions[i]});
       if (decls[i].kind != input_kind::string) continue;
-      const auto& arg = sig[bound.positions[i]];
+      const auto& arg = sig[positions[i]];
       if (!arg.type || !c10::ListType::ofStrings()->isSubtypeOf(*arg.type)) {
         throw error(errc::invalid_option, name,
                     detail::concat("input '", decls[i].name, "' is TYPE_STRING, but forward's ",
-                                   detail::input_label(sig, bound.positions[i]), " takes ",
+                                   detail::input_label(sig, positions[i]), " takes ",
                                    arg.type ? arg.type->str() : std::string("a tensor"),
                                    ", not List[str]"));
       }
@@ -645,6 +696,36 @@ class instance_state : public tb::BackendModelInstance {
                     detail::concat("forward's ", detail::input_label(sig, a),
                                    " has no input in the model configuration"));
       }
+    }
+  }
+
+  // Which output of the model each configured output is (output_index_): an AOTInductor
+  // package's forward-based and ordinal names as model_runner binds them, else Triton's
+  // rules (model_state::read_outputs).
+  void bind_outputs() {
+    const std::string& name = model_->spec().name;
+    const io_names& forward = runner_->names();
+    if (!forward.forward_based) {
+      model_->require_outputs_bound();
+      for (const auto& o : model_->outputs()) output_index_.push_back(o.index);
+      return;
+    }
+    for (const auto& o : model_->outputs()) {
+      const auto k = runner_->output_index(o.name);
+      if (!k) {
+        const std::string why = forward.why_not(o.name);
+        throw error(errc::invalid_option, name,
+                    detail::concat(o.state ? "state output '" : "output '", o.name,
+                                   "' is not an output of the package",
+                                   why.empty()
+                                       ? detail::concat(": its outputs are ",
+                                                        detail::io_name_list(
+                                                            forward.outputs,
+                                                            forward.output_count.value_or(0),
+                                                            "OUTPUT", forward.outputs_unknown))
+                                       : detail::concat(": ", why)));
+      }
+      output_index_.push_back(*k);
     }
   }
 
@@ -712,6 +793,7 @@ class instance_state : public tb::BackendModelInstance {
   c10::Device device_{c10::kCPU};
   std::unique_ptr<any_runner> runner_;
   std::vector<input_binding> inputs_;  // in argument order
+  std::vector<std::size_t> output_index_;  // per model_->outputs(): the model's output
   bool dict_ = false;
   bool strings_ = false;  // strings in or out: the model runs on IValues
 };
@@ -1037,14 +1119,15 @@ void instance_state::run_group(group& g) {
   std::vector<at::Tensor> out_tensors(model_->outputs().size());
   for (std::size_t i = 0; i < model_->outputs().size(); ++i) {
     const output_decl& o = model_->outputs()[i];
-    if (o.index >= outputs.size()) {
+    const std::size_t index = output_index_[i];
+    if (index >= outputs.size()) {
       throw error(errc::run_failed, name,
                   detail::concat("the model configuration's ", o.state ? "state output '"
                                                                      : "output '",
-                                 o.name, "' is output ", o.index, " of the model, but it returned ",
+                                 o.name, "' is output ", index, " of the model, but it returned ",
                                  outputs.size()));
     }
-    const c10::IValue& v = outputs[o.index];
+    const c10::IValue& v = outputs[index];
     if (o.is_string) {
       if (!v.isList() || !v.type()->isSubtypeOf(*c10::ListType::ofStrings())) {
         throw error(errc::run_failed, name,
@@ -1105,7 +1188,8 @@ void instance_state::run_group(group& g) {
   for (std::size_t i = 0; i < model_->outputs().size(); ++i) {
     const output_decl& o = model_->outputs()[i];
     if (o.is_string) {
-      copies = send_strings(o, outputs[o.index].to<c10::List<std::string>>(), g, serialized) ||
+      copies = send_strings(o, outputs[output_index_[i]].to<c10::List<std::string>>(), g,
+                            serialized) ||
                copies;
       continue;
     }

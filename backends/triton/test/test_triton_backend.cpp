@@ -1333,26 +1333,39 @@ TEST_CASE("a parameter torchloom does not read fails the load, unless the config
   CHECK(torch::equal(output_tensor(r), direct_mlp().run({x}).at(0)));
 }
 
-TEST_CASE("TORCHLOOM_GRAPHS: a boolean; without CUDA in the build, refused saying why",
+TEST_CASE("TORCHLOOM_GRAPHS: a boolean; graphed<S> around the stream policy, a no-op on the "
+          "CPU; graphed_caller is the same; never with streamed weights",
           "[triton]") {
-  const auto param = [](const std::string& v) {
-    return "parameters { key: \"TORCHLOOM_GRAPHS\" value { string_value: \"" + v + "\" } }\n";
+  const auto param = [](const std::string& k, const std::string& v) {
+    return "parameters { key: \"" + k + "\" value { string_value: \"" + v + "\" } }\n";
   };
-  repo().add_mlp("graphs_maybe", param("maybe"));
+  repo().add_mlp("graphs_maybe", param("TORCHLOOM_GRAPHS", "maybe"));
   REQUIRE(core().load("graphs_maybe").has_value());
   INFO(core().reason("graphs_maybe"));
   CHECK(contains(core().reason("graphs_maybe"), "TORCHLOOM_GRAPHS='maybe' is not a boolean"));
-  repo().add_mlp("graphs_cpu", "instance_group [ { kind: KIND_CPU } ]\n" + param("true"));
-  const auto err = core().load("graphs_cpu");
-  if (TORCHLOOM_HAS_CUDA) {
-    // A CPU instance of a GPU build: graphed<...> is a no-op there, and the model serves.
-    INFO((err ? err->message : std::string()));
-    CHECK_FALSE(err.has_value());
-  } else {
-    REQUIRE(err.has_value());
-    INFO(core().reason("graphs_cpu"));
-    CHECK(contains(core().reason("graphs_cpu"), "no CUDA"));
+  // On a CPU instance graphs are a no-op (in a build with or without CUDA): the model serves
+  // as torch computes it, with every stream policy a CPU has, and with graphed_caller too.
+  const std::string cpu = "instance_group [ { kind: KIND_CPU } ]\n";
+  for (const std::string stream : {"caller", "pool", "adaptive", "graphed_caller"}) {
+    const std::string model = "graphs_cpu_" + stream;
+    repo().add_mlp(model, cpu + param("TORCHLOOM_GRAPHS", "true") +
+                              param("TORCHLOOM_STREAM", stream));
+    const auto err = core().load(model);
+    INFO(model << ": " << (err ? err->message : std::string()));
+    REQUIRE_FALSE(err.has_value());
+    const at::Tensor x = torch::randn({1, 64});
+    const auto r = core().infer(model, {float_input("x", x)});
+    REQUIRE_FALSE(r.error.has_value());
+    CHECK(torch::equal(output_tensor(r), direct_mlp().run({x}).at(0)));
+    core().unload(model);
   }
+  // Graphs replay the copies of their capture; streamed weights move at every run.
+  repo().add_mlp("graphs_streamed", cpu + param("TORCHLOOM_GRAPHS", "true") +
+                                        param("TORCHLOOM_RESIDENCY", "streamed"));
+  REQUIRE(core().load("graphs_streamed").has_value());
+  INFO(core().reason("graphs_streamed"));
+  CHECK(contains(core().reason("graphs_streamed"), "TORCHLOOM_GRAPHS=true with "
+                                                   "TORCHLOOM_RESIDENCY=streamed"));
 }
 
 // --- The backend's logic on its own ---------------------------------------------------------

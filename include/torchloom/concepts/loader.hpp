@@ -31,6 +31,10 @@ namespace torchloom {
 //! -> std::vector<at::Tensor>` for a loader whose models take and return tensors natively
 //! (aoti_loader): model_runner::run_tensors then passes them straight through, unboxed; it
 //! runs on `rc.stream` as run() does.
+//! Optional: `L::platform` (convertible to std::string_view): Triton's platform of the models
+//! it loads (`pytorch_libtorch`, `torch_aoti`); a runner refuses a model_spec resolved to
+//! another platform (see torchloom/platform.hpp) instead of handing its file to the wrong
+//! loader.
 //! Optional: `L::load_key(const runner_options&) -> std::string` (static): the options that
 //! change what load() makes, as a string equal for options that load the same model
 //! (keyed_loader). shared_weights shares a loaded model between runners whose keys are equal;

@@ -42,7 +42,10 @@ struct weight_rewrite;
 //!    constants (its weights) by name, where it holds them now;
 //!  - `replace_constants(L::model_type&, std::unordered_map<std::string, at::Tensor>&)`: makes
 //!    the given tensors (the same names, owned by the caller, who keeps them alive) the ones
-//!    the model reads, and frees the model's own copies.
+//!    the model reads, and frees the model's own copies;
+//!  - optionally `load_for_swapping(const L&, const load_context&) -> L::model_type`: loads the
+//!    model with its constants where constants() reads them without putting them all on the
+//!    device first (in host memory); without it, the policy loads with the loader's load().
 //!
 //! Weight memory that can be measured (measurable_weights; model_runner::memory() for
 //! policies that keep the weights where the loader put them):

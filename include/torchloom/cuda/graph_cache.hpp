@@ -5,17 +5,22 @@
 #error \
     "torchloom/cuda/graph_cache.hpp needs CUDA: link torchloom::cuda (a CUDA toolkit and a CUDA build of torch)"
 #endif
+#if TORCHLOOM_TORCH_VERSION < 20100
+#error "torchloom/cuda/graph_cache.hpp needs LibTorch >= 2.1 (relaxed-mode capture, pool routing)"
+#endif
 
 #include <torchloom/concepts/stream_policy.hpp>
 #include <torchloom/context.hpp>
 #include <torchloom/cuda/check.hpp>
 #include <torchloom/cuda/event.hpp>
+#include <torchloom/cuda/owned_stream.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/detail/torch_error.hpp>
 #include <torchloom/error.hpp>
 #include <torchloom/stream/graph_options.hpp>
 #include <torchloom/stream/graph_stats.hpp>
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
@@ -26,10 +31,15 @@
 #include <ATen/ops/zeros.h>
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
+#if __has_include(<ATen/core/CachingHostAllocator.h>)
+#include <ATen/core/CachingHostAllocator.h>
+#endif
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -40,10 +50,16 @@
 #include <optional>
 #include <type_traits>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+namespace torchloom::detail {
+//! For tests: when set, the next graph replay throws right after its launch has gone out (as
+//! a failed output allocation or copy would), and the flag is cleared. One relaxed load per
+//! replay.
+inline std::atomic<bool> fail_next_replay_after_launch{false};
+}  // namespace torchloom::detail
 
 namespace torchloom::cuda {
 
@@ -51,25 +67,33 @@ namespace torchloom::cuda {
 //! torchloom/stream/graphed.hpp for the behaviour). All graphs share one private memory pool;
 //! replays of one runner are chained by an event on the GPU, so no two replays ever touch the
 //! shared pool or one graph's static buffers at the same time, whichever streams they run on.
-//! Thread-safe. Throws cuda_error (constructor) when a CUDA call fails.
+//! Captures run on a stream of the cache's own (for a green context, one made in that
+//! context), never on a stream other runs use: another thread's kernels queued there during a
+//! capture would be captured instead of run. Thread-safe. Throws cuda_error (constructor) when
+//! a CUDA call fails.
 class graph_cache {
  public:
   //! Eager runs of a new signature before it is captured (see graph_stats.hpp).
   static constexpr int eager_runs_before_capture = graph_eager_runs_before_capture;
 
+  //! `capture_stream`: the stream captures run on (empty: the cache makes a non-blocking
+  //! one). `fusable`: replays may wrap the graph between copy nodes of their own (false for a
+  //! green context's graphs, whose nodes must all run in the context).
   graph_cache(std::string model, c10::Device device, const graph_options& options,
-              bool capture_on_run_stream)
+              owned_stream capture_stream, bool fusable)
       : model_(std::move(model)),
         device_(device),
         max_shapes_(static_cast<std::size_t>(options.cuda_graph_max_shapes.value)),
         buckets_(options.cuda_graph_batch_sizes),
-        capture_on_run_stream_(capture_on_run_stream) {
+        fusable_(fusable),
+        capture_stream_(std::move(capture_stream)) {
     c10::cuda::CUDAGuard guard(device_);
     done_ = event(model_);
     ready_ = event(model_);
-    if (!capture_on_run_stream_) {
-      check(cudaStreamCreateWithFlags(&capture_stream_, cudaStreamNonBlocking),
-            "cudaStreamCreate");
+    if (!capture_stream_) {
+      cudaStream_t s = nullptr;
+      check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+      capture_stream_ = owned_stream(s);
     }
     pool_ = at::cuda::graph_pool_handle();
     // torch's switch for its uncached allocator (read as torch reads it): tensors freed at
@@ -87,7 +111,8 @@ class graph_cache {
     (void)cudaEventSynchronize(done_.get());
     entries_.clear();
     index_.clear();
-    if (capture_stream_ != nullptr) (void)cudaStreamDestroy(capture_stream_);
+    if (held_.device) release_device_pool(device_.index(), pool_);
+    if (held_.host) host_pool_call(pool_, [](auto& host, auto id) { host.release_pool(id); });
   }
 
   //! Runs `body` through `inner` (the wrapped stream policy): eagerly for a signature seen
@@ -101,17 +126,27 @@ class graph_cache {
     using result = detail::run_result_t<Body, Inputs>;
     const std::optional<signature> sig = signature_of(given(inputs));
     bool eager = true;
+    bool warm_up = false;
     {
       std::lock_guard lock(mutex_);
       if (sig) {
         entry& e = touch(*sig);
         eager = e.uncapturable || (!e.graph && e.seen < eager_runs_before_capture);
-        if (eager) ++e.seen;
+        warm_up = eager && !e.uncapturable;
       }
       if (eager) ++stats_.eager_runs;
     }
     // Eager runs go outside the lock: they overlap as they do without graphs.
-    if (eager) return inner.execute(device, std::move(inputs), std::forward<Body>(body));
+    if (eager) {
+      auto out = inner.execute(device, std::move(inputs), std::forward<Body>(body));
+      // Counted once finished: a capture never starts while the runs that set up what it
+      // needs (handles, workspaces, the TorchScript executor's plan) are still under way.
+      if (warm_up) {
+        std::lock_guard lock(mutex_);
+        if (auto it = index_.find(sig->key); it != index_.end()) ++it->second->seen;
+      }
+      return out;
+    }
     return inner.execute(device, std::move(inputs), [&](const run_context& rc, Inputs&& in) {
       std::unique_lock lock(mutex_);
       // Looked up again: another thread may have pushed it out meanwhile.
@@ -221,14 +256,22 @@ class graph_cache {
     return v.isTensor() ? &v.toTensor() : nullptr;
   }
 
+  // Whether two elements of `t` share memory (an expanded input's stride 0): such a layout
+  // cannot be a buffer that inputs are copied into. Where torch cannot tell, yes.
+  static bool overlapping(const at::Tensor& t) {
+    return !t.is_non_overlapping_and_dense() && at::has_internal_overlap(t) != at::MemOverlap::No;
+  }
+
   template <class T>
   static void append(std::string& key, T v) {
     key.append(reinterpret_cast<const char*>(&v), sizeof v);
   }
 
   // Shapes, dtypes, layouts and devices of the inputs, with the batch dimension replaced by
-  // its bucket. Empty when an input is not a tensor on the runner's device: such runs stay
-  // eager.
+  // its bucket. The layout decides the graph's input buffer (see capture()): contiguous;
+  // another layout without overlap (with its strides, which the buffer copies); or an
+  // overlapping one (broadcast), copied into a contiguous buffer. Empty when an input is not a tensor
+  // on the runner's device: such runs stay eager.
   template <class Inputs>
   std::optional<signature> signature_of(const Inputs& inputs) const {
     signature sig;
@@ -250,11 +293,15 @@ class graph_cache {
     if (same_batch && batch > 0) bucket = buckets_.bucket_for(batch);
     for (const auto& v : inputs) {
       const at::Tensor& t = *tensor_of(v);
+      const std::int8_t layout = t.is_contiguous() ? 0 : overlapping(t) ? 2 : 1;
       append(sig.key, static_cast<std::int8_t>(t.scalar_type()));
-      append(sig.key, static_cast<std::int8_t>(t.is_contiguous()));
+      append(sig.key, layout);
       append(sig.key, static_cast<std::int8_t>(t.dim()));
       for (std::int64_t d = 0; d < t.dim(); ++d) {
         append(sig.key, d == 0 && bucket ? *bucket : t.size(d));
+      }
+      if (layout == 1 && !bucket) {
+        for (std::int64_t d = 0; d < t.dim(); ++d) append(sig.key, t.stride(d));
       }
     }
     if (bucket && *bucket != batch) {
@@ -264,27 +311,46 @@ class graph_cache {
     return sig;
   }
 
-  // The entry for `sig`, made most recently used; a new one may push the least recently used
-  // out.
+  // The entry for `sig`, made most recently used. Entries without a graph (signatures not yet
+  // captured, or that cannot be) and entries with one are bounded apart, each by
+  // CUDA_GRAPH_MAX_SHAPES: a new signature pushes out the least recently used entry without a
+  // graph, never a captured graph (one-off shapes must not cost the graphs that are
+  // replayed); a new graph pushes out the least recently used graph (see keep_graphs_bounded).
   entry& touch(const signature& sig) {
     if (auto it = index_.find(sig.key); it != index_.end()) {
       entries_.splice(entries_.begin(), entries_, it->second);
       return entries_.front();
     }
-    while (entries_.size() >= max_shapes_) {
-      entry& victim = entries_.back();
-      if (victim.graph) {
-        // Its last replay may still run on the GPU: wait for it (rare: the LRU is full).
-        check(cudaEventSynchronize(done_.get()), "cudaEventSynchronize");
-        ++stats_.evictions;
-      }
-      index_.erase(victim.key);
-      entries_.pop_back();
+    std::size_t without_graph = 0;
+    for (const entry& e : entries_) without_graph += e.graph ? 0 : 1;
+    for (auto it = entries_.end(); without_graph >= max_shapes_ && it != entries_.begin();) {
+      --it;
+      if (it->graph) continue;
+      index_.erase(it->key);
+      it = entries_.erase(it);
+      --without_graph;
     }
     entries_.emplace_front();
     entries_.front().key = sig.key;
     index_.emplace(sig.key, entries_.begin());
     return entries_.front();
+  }
+
+  // After `kept` got its graph: the least recently used other graphs go until at most
+  // CUDA_GRAPH_MAX_SHAPES are left.
+  void keep_graphs_bounded(const entry& kept) {
+    std::size_t graphs = 0;
+    for (const entry& e : entries_) graphs += e.graph ? 1 : 0;
+    for (auto it = entries_.end(); graphs > max_shapes_ && it != entries_.begin();) {
+      --it;
+      if (!it->graph || &*it == &kept) continue;
+      // Its last replay may still run on the GPU: wait for it (rare: the LRU is full).
+      check(cudaEventSynchronize(done_.get()), "cudaEventSynchronize");
+      ++stats_.evictions;
+      index_.erase(it->key);
+      it = entries_.erase(it);
+      --graphs;
+    }
   }
 
   // Copies the inputs into the entry's static buffers (only the real rows when padded).
@@ -307,67 +373,72 @@ class graph_cache {
     }
   }
 
-  // Captures the model on copies of these inputs. A model that cannot be captured (it
-  // synchronises with the host, copies from pageable host memory, returns something other
-  // than tensors) is marked so and runs eagerly from then on, with one warning per runner.
+  // Captures the model on copies of these inputs, on the cache's own capture stream (joined
+  // after the run's stream by an event). A model that cannot be captured (it synchronises
+  // with the host, copies from pageable host memory, returns something other than tensors),
+  // or inputs that cannot be copied into buffers of the graph's, mark the signature so: it
+  // runs eagerly from then on, with one warning per runner. A failed capture leaves torch's
+  // allocator as it found it (see abandon_capture).
   template <class Given, class Body>
   void capture(entry& e, const run_context& rc, const Given& in, Body& body,
                const signature& sig) {
     const auto& inputs = given(in);
     const c10::cuda::CUDAStream run_stream(c10::cuda::CUDAStream::UNCHECKED, rc.stream);
     c10::cuda::CUDAStreamGuard on_run(run_stream);
-    e.static_inputs.clear();
-    for (const auto& v : inputs) {
-      const at::Tensor& t = *tensor_of(v);
-      if (sig.bucket > 0 && t.dim() > 0) {
-        std::vector<std::int64_t> shape(t.sizes().begin(), t.sizes().end());
-        shape[0] = sig.bucket;
-        // Padding rows are zeros at first, then whatever the last larger batch left there:
-        // rows are independent, so they never reach the real rows' outputs.
-        e.static_inputs.push_back(at::zeros(shape, t.options()));
-      } else {
-        e.static_inputs.push_back(at::empty_strided(t.sizes(), t.strides(), t.options()));
-      }
-    }
-    copy_in(e, inputs, sig, run_stream.stream());
-
-    const c10::cuda::CUDAStream capture_stream =
-        capture_on_run_stream_ ? run_stream
-                               : c10::cuda::getStreamFromExternal(capture_stream_, device_.index());
-    if (capture_stream != run_stream) {
-      check(cudaEventRecord(ready_.get(), run_stream.stream()), "cudaEventRecord");
-      check(cudaStreamWaitEvent(capture_stream.stream(), ready_.get(), 0), "cudaStreamWaitEvent");
-    }
-    auto graph = make_graph<at::cuda::CUDAGraph>();
+    std::unique_ptr<at::cuda::CUDAGraph> graph;
     std::string why;
     c10::IValue outputs;
-    if (uncached_allocator_) {
-      why = "PYTORCH_NO_CUDA_MEMORY_CACHING is set: torch's uncached allocator frees a graph's "
-            "memory at the end of its capture";
-    } else {
-      c10::cuda::CUDAStreamGuard on_capture(capture_stream);
-      bool begun = false;
-      try {
-        // Relaxed: the capture is on a stream of its own, and other threads of the process
-        // (other runners, eager runs of this one) keep calling CUDA meanwhile.
-#if TORCHLOOM_TORCH_VERSION >= 20100
-        graph->capture_begin(pool_, cudaStreamCaptureModeRelaxed);
-#else
-        graph->capture_begin(pool_);  // older torch captures in global mode only
-#endif
-        begun = true;
-        outputs = boxed(body(run_context{rc.device, capture_stream.unwrap()},
-                             replacement(in, e.static_inputs)));
-      } catch (const std::exception& ex) {
-        why = detail::torch_message(ex);
-      }
-      if (begun) {
-        try {
-          graph->capture_end();
-        } catch (const std::exception& ex) {
-          if (why.empty()) why = detail::torch_message(ex);
+    try {
+      e.static_inputs.clear();
+      for (const auto& v : inputs) {
+        const at::Tensor& t = *tensor_of(v);
+        if (sig.bucket > 0 && t.dim() > 0) {
+          std::vector<std::int64_t> shape(t.sizes().begin(), t.sizes().end());
+          shape[0] = sig.bucket;
+          // Padding rows are zeros at first, then whatever the last larger batch left there:
+          // rows are independent, so they never reach the real rows' outputs.
+          e.static_inputs.push_back(at::zeros(shape, t.options()));
+        } else if (!overlapping(t)) {
+          // The input's own layout (dense in another order, or a view with gaps): the graph's
+          // kernels are the ones an eager run on it launches.
+          e.static_inputs.push_back(at::empty_strided(t.sizes(), t.strides(), t.options()));
+        } else {
+          // Broadcast (stride 0) or otherwise overlapping: a buffer holds each element once.
+          e.static_inputs.push_back(at::empty(t.sizes(), t.options()));
         }
       }
+      copy_in(e, inputs, sig, run_stream.stream());
+      // The cache's own reference to the pool, taken at the first capture (torch's allocator
+      // is set up by then): each capture takes one and each graph gives its back when it
+      // goes, so without this one the pool would go (or, with blocks still out, be left at no
+      // references, which torch's next capture into it asserts against) once every graph was
+      // evicted.
+      if (!held_.device && !held_.host) held_ = hold_pool(device_.index(), pool_);
+      const c10::cuda::CUDAStream capture_stream =
+          c10::cuda::getStreamFromExternal(capture_stream_.get(), device_.index());
+      check(cudaEventRecord(ready_.get(), run_stream.stream()), "cudaEventRecord");
+      check(cudaStreamWaitEvent(capture_stream.stream(), ready_.get(), 0), "cudaStreamWaitEvent");
+      if (uncached_allocator_) {
+        why = "PYTORCH_NO_CUDA_MEMORY_CACHING is set: torch's uncached allocator frees a graph's "
+              "memory at the end of its capture";
+      } else {
+        c10::cuda::CUDAStreamGuard on_capture(capture_stream);
+        graph = make_graph<at::cuda::CUDAGraph>();
+        bool begun = false;
+        try {
+          // Relaxed: other threads of the process (other runners, eager runs of this one)
+          // keep calling CUDA meanwhile.
+          graph->capture_begin(pool_, cudaStreamCaptureModeRelaxed);
+          begun = true;
+          outputs = boxed(body(run_context{rc.device, capture_stream.unwrap()},
+                               replacement(in, e.static_inputs)));
+        } catch (const std::exception& ex) {
+          why = torchloom::detail::torch_message(ex);
+        }
+        if (begun) end_capture(*graph, capture_stream.stream(), why);
+      }
+    } catch (const std::exception& ex) {
+      if (why.empty()) why = torchloom::detail::torch_message(ex);
     }
     // A failed capture leaves its error in the runtime's last-error slot.
     if (!why.empty()) (void)cudaGetLastError();
@@ -390,6 +461,110 @@ class graph_cache {
     e.graph = std::move(graph);
     flatten(outputs, e.flat_outputs);
     e.static_outputs = std::move(outputs);
+    keep_graphs_bounded(e);
+  }
+
+  // Ends a capture that began on `stream`: through torch when it is still going and nothing
+  // failed, else by hand (an operation a capture does not allow ends it; torch's capture_end
+  // would then throw before giving the allocator back its routing). Sets `why` on failure.
+  void end_capture(at::cuda::CUDAGraph& graph, cudaStream_t stream, std::string& why) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) (void)cudaGetLastError();
+    if (why.empty() && status == cudaStreamCaptureStatusActive) {
+      try {
+        graph.capture_end();
+        return;
+      } catch (const std::exception& ex) {
+        why = torchloom::detail::torch_message(ex);
+      }
+    } else {
+      if (why.empty()) why = "the capture was ended by an operation that a capture does not allow";
+      if (status != cudaStreamCaptureStatusNone) {
+        cudaGraph_t partial = nullptr;
+        if (cudaStreamEndCapture(stream, &partial) != cudaSuccess) (void)cudaGetLastError();
+        if (partial != nullptr) (void)cudaGraphDestroy(partial);
+      }
+    }
+    abandon_capture();
+  }
+
+  // After a capture that did not end through torch: takes the pool out of torch's caching
+  // allocators' capture routing (torch up to 2.11 skips that when cudaStreamEndCapture fails,
+  // and from then on defers freeing every block used on a second stream until no capture is
+  // under way: forever) and gives back the reference the capture took on the pool. Where
+  // torch did end the routing (it failed later), ending it again throws and nothing more is
+  // done: the graph gives its reference back itself.
+  void abandon_capture() noexcept {
+    const c10::DeviceIndex index = device_.index();
+    bool device_ended = false;
+    try {
+      c10::cuda::CUDACachingAllocator::endAllocateToPool(index, pool_);
+      device_ended = true;
+    } catch (const std::exception&) {
+      device_ended = false;
+    }
+    const bool host_ended =
+        host_pool_call(pool_, [](auto& host, auto id) { host.end_allocate_to_pool(id); });
+    if (device_ended) release_device_pool(index, pool_);
+    if (host_ended) host_pool_call(pool_, [](auto& host, auto id) { host.release_pool(id); });
+  }
+
+  // Calls `f(host_allocator, pool)` on torch's CUDA host allocator, where this torch routes a
+  // capture's host allocations to its pool (2.10 and later); true when it ran and did not
+  // throw.
+  template <class Id, class F>
+  static bool host_pool_call(Id pool, F&& f) noexcept {
+#if __has_include(<ATen/core/CachingHostAllocator.h>)
+    if constexpr (requires(at::HostAllocator& h) { f(h, pool); }) {
+      try {
+        at::HostAllocator* host = at::getHostAllocator(at::kCUDA);
+        if (host == nullptr) return false;
+        f(*host, pool);
+        return true;
+      } catch (const std::exception&) {
+        return false;
+      }
+    }
+#endif
+    (void)pool;
+    (void)f;
+    return false;
+  }
+
+  // Takes a reference of the cache's own to `pool` in torch's device and host allocators: a
+  // routing begun and ended at once, which routes nothing (its filter takes no stream) and
+  // leaves the reference that beginning it takes. Returns which allocators hold one.
+  struct pool_hold {
+    bool device = false;
+    bool host = false;
+  };
+  template <class Id>
+  static pool_hold hold_pool(c10::DeviceIndex index, Id pool) {
+    pool_hold held;
+    namespace alloc = c10::cuda::CUDACachingAllocator;
+    if constexpr (requires(std::function<bool(cudaStream_t)> f) {
+                    alloc::beginAllocateToPool(index, pool, f);
+                  }) {
+      alloc::beginAllocateToPool(index, pool, [](cudaStream_t) { return false; });
+      alloc::endAllocateToPool(index, pool);
+      held.device = true;
+    }
+    if (host_pool_call(pool, [](auto& host, auto id) {
+          host.begin_allocate_to_pool(id, [](c10::Stream) { return false; });
+        })) {
+      held.host = host_pool_call(pool, [](auto& host, auto id) { host.end_allocate_to_pool(id); });
+    }
+    return held;
+  }
+
+  // Gives back a reference to `pool` in the device allocator; ignores failures.
+  template <class Id>
+  static void release_device_pool(c10::DeviceIndex index, Id pool) noexcept {
+    try {
+      c10::cuda::CUDACachingAllocator::releasePool(index, pool);
+    } catch (const std::exception&) {
+      (void)0;
+    }
   }
 
   // Keeps the captured cudaGraph_t (torch 2.8 and later can), so that fuse() can wrap it.
@@ -408,12 +583,13 @@ class graph_cache {
     const c10::cuda::CUDAStream stream(c10::cuda::CUDAStream::UNCHECKED, rc.stream);
     c10::cuda::CUDAStreamGuard on_run(stream);
     // After the runner's previous replay, on whatever stream it ran: the pool and the static
-    // buffers are this replay's alone. On the stream (and thread: a per-thread default stream
-    // has one handle for all threads) of the previous replay, the stream's order does that.
-    const std::thread::id thread = std::this_thread::get_id();
-    if (stream.stream() != last_stream_ || thread != last_thread_) {
-      check(cudaStreamWaitEvent(stream.stream(), done_.get(), 0), "cudaStreamWaitEvent");
-    }
+    // buffers are this replay's alone. Always (a fraction of a microsecond): neither a stream
+    // handle nor a thread id says that the previous replay was this stream's, since the
+    // system hands both out again.
+    check(cudaStreamWaitEvent(stream.stream(), done_.get(), 0), "cudaStreamWaitEvent");
+    // From here on this replay may have queued work: however it ends, done_ marks the end of
+    // that work, which the next replay, an eviction and the destructor wait for.
+    done_marker marker{done_.get(), stream.stream()};
     Result out;
     const bool fused = e.fused && launch_fused(*e.fused, e, inputs, sig, stream.stream(), out);
     if (!fused) {
@@ -425,15 +601,32 @@ class graph_cache {
         e.fused = fuse(e, inputs, sig, out);
       }
     }
-    check(cudaEventRecord(done_.get(), stream.stream()), "cudaEventRecord");
-    last_stream_ = stream.stream();
-    last_thread_ = thread;
+    if (torchloom::detail::fail_next_replay_after_launch.load(std::memory_order_relaxed) &&
+        torchloom::detail::fail_next_replay_after_launch.exchange(false)) {
+      throw error(errc::run_failed, model_, "graphed: a replay failed after its launch (test)");
+    }
+    marker.record(*this);
     ++stats_.replays;
     // The GPU runs the replay meanwhile: making the next one's outputs now takes them off
     // its path to the launch.
     if (fused) prepare_next(*e.fused, e, sig, stream.stream());
     return out;
   }
+
+  // Records done_ on a replay's stream: record() checks the call; a replay that throws before
+  // it records it on the way out (unchecked: that replay's own error is the one to report).
+  struct done_marker {
+    cudaEvent_t done;
+    cudaStream_t stream;
+    bool recorded = false;
+    void record(const graph_cache& cache) {
+      recorded = true;
+      cache.check(cudaEventRecord(done, stream), "cudaEventRecord");
+    }
+    ~done_marker() {
+      if (!recorded && cudaEventRecord(done, stream) != cudaSuccess) (void)cudaGetLastError();
+    }
+  };
 
   // The bytes of input `t` that go into static buffer `dst` as one plain copy (the same dtype,
   // both contiguous, only the real rows when padded), or 0 when it needs torch's copy_.
@@ -472,7 +665,7 @@ class graph_cache {
   template <class Inputs, class Result>
   std::unique_ptr<fused_graph> fuse(entry& e, const Inputs& inputs, const signature& sig,
                                     const Result& out) const {
-    if (!std::is_constructible_v<at::cuda::CUDAGraph, bool> || capture_on_run_stream_) {
+    if (!std::is_constructible_v<at::cuda::CUDAGraph, bool> || !fusable_) {
       return nullptr;
     }
     const std::vector<at::Tensor>& statics = e.flat_outputs;
@@ -757,14 +950,12 @@ class graph_cache {
   c10::Device device_;
   std::size_t max_shapes_;
   graph_batch_sizes buckets_;
-  bool capture_on_run_stream_;
+  bool fusable_;
   at::cuda::MempoolId_t pool_{0, 0};
+  pool_hold held_;
   event done_;
   event ready_;
-  cudaStream_t capture_stream_ = nullptr;
-  // The stream and thread of the last replay (see replay()).
-  cudaStream_t last_stream_ = nullptr;
-  std::thread::id last_thread_;
+  owned_stream capture_stream_;
   mutable std::mutex mutex_;
   std::list<entry> entries_;  // most recently used first
   std::unordered_map<std::string, std::list<entry>::iterator> index_;

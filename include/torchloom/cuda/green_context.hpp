@@ -7,6 +7,7 @@
 #endif
 
 #include <torchloom/cuda/check.hpp>
+#include <torchloom/cuda/owned_stream.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
 
@@ -281,6 +282,7 @@ class green_context {
       detail::check_driver(made, "cuGreenCtxStreamCreate", m, splitter.device());
     }
     destroy_ = api.destroy;
+    stream_create_ = api.stream_create;
     sm_count_ = static_cast<int>(chosen->sm.smCount);
     live_.fetch_add(1, std::memory_order_relaxed);
   }
@@ -303,6 +305,17 @@ class green_context {
   c10::cuda::CUDAStream stream() const {
     return c10::cuda::getStreamFromExternal(stream_, device_index_);
   }
+  //! Another non-blocking stream in the context, the caller's own: its kernels run on the
+  //! same SMs, and nothing else is queued on it (graphed<green_context_stream> captures on
+  //! one, since every runner of the configuration queues work on stream()). It must be
+  //! destroyed before the context. Throws cuda_error naming `model`.
+  owned_stream make_stream(const std::string& model) const {
+    CUstream s = nullptr;
+    detail::check_driver(stream_create_(&s, context_, CU_STREAM_NON_BLOCKING, 0),
+                         "cuGreenCtxStreamCreate", model,
+                         c10::Device(c10::kCUDA, device_index_));
+    return owned_stream(static_cast<cudaStream_t>(s));
+  }
   //! SMs actually in the partition.
   int sm_count() const noexcept { return sm_count_; }
   c10::DeviceIndex device_index() const noexcept { return device_index_; }
@@ -316,6 +329,7 @@ class green_context {
   CUgreenCtx context_ = nullptr;
   CUstream stream_ = nullptr;
   decltype(&::cuGreenCtxDestroy) destroy_ = nullptr;
+  decltype(&::cuGreenCtxStreamCreate) stream_create_ = nullptr;
   int sm_count_ = 0;
   inline static std::atomic<int> live_{0};
 };

@@ -3,6 +3,7 @@
 #include <torchloom/detail/config.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
+#include <torchloom/io_names.hpp>
 #include <torchloom/model_spec.hpp>
 #include <torchloom/signature.hpp>
 
@@ -11,6 +12,8 @@
 
 #if TORCHLOOM_HAS_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
 #endif
 
 #include <charconv>
@@ -19,6 +22,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace torchloom::detail {
 
@@ -122,15 +126,27 @@ class runner_core {
   //! The inputs run() checks against (see merge_config_inputs).
   void set_signature(input_signature sig) { signature_ = std::move(sig); }
 
-  //! The position of the input called `name`, by Triton's rules: the forward argument of that
-  //! name, else `<NAME>__<index>`, else the config's input of that name (the config's order
-  //! is the forward's order). Nothing when none applies.
+  //! The forward-based names of a model whose loader has them (an AOTInductor package), and
+  //! the config's outputs bound to its outputs (see bind_config_outputs).
+  void set_names(io_names names) {
+    names_ = std::move(names);
+    if (spec_.config) bound_outputs_ = bind_config_outputs(*spec_.config, names_, spec_.name);
+  }
+  const io_names& names() const noexcept { return names_; }
+
+  //! The position of the input called `name`, by Triton's rules: the model's own name for it
+  //! (a forward argument's, a package's graph input's), its forward-based name (`ARGS[0]`,
+  //! `KWARGS[mask]`), else `<NAME>__<index>`, else the config's input of that name (the
+  //! config's order is the forward's; not for a torch_aoti config, whose names are the
+  //! package's). Nothing when none applies.
   std::optional<std::size_t> input_position(std::string_view name) const {
     for (std::size_t i = 0; i < signature_.size(); ++i) {
       if (signature_[i].name == name) return i;
     }
+    if (auto k = names_.input_index(name); k && *k < signature_.size()) return k;
+    if (names_.forward_based && io_names::looks_forward_based(name)) return std::nullopt;
     if (auto idx = index_suffix(name); idx && *idx < signature_.size()) return idx;
-    if (spec_.config) {
+    if (spec_.config && !strict_io_names(*spec_.config, names_)) {
       const auto& decls = spec_.config->inputs;
       for (std::size_t i = 0; i < decls.size() && i < signature_.size(); ++i) {
         if (decls[i].name == name) return i;
@@ -139,8 +155,44 @@ class runner_core {
     return std::nullopt;
   }
 
-  //! The name of output `i`: the config's output whose name ends in `__<i>`, else the config's
-  //! i-th output, else Triton's `OUTPUT__<i>`.
+  //! Why `name` names no input, beyond its not being one (a value torch fixed at export, or
+  //! no forward-based names and why); empty otherwise.
+  std::string why_no_input(std::string_view name) const { return names_.why_not(name); }
+
+  //! The names output `i` is returned under by run_named: the config's outputs bound to it;
+  //! else, for a model with forward-based names, its forward-based name (OUTPUT__<i> when it
+  //! has none); else output_name(i).
+  std::vector<std::string> output_names(std::size_t i) const {
+    if (!names_.forward_based) return {output_name(i)};
+    std::vector<std::string> out;
+    for (const auto& [k, n] : bound_outputs_) {
+      if (k == i) out.push_back(n);
+    }
+    if (out.empty()) out.push_back(i < names_.outputs.size() ? names_.outputs[i]
+                                                             : concat("OUTPUT__", i));
+    return out;
+  }
+
+  //! The output position a name stands for (the inverse of output_names, and for a model with
+  //! forward-based names every forward-based and ordinal name too). Nothing when none.
+  std::optional<std::size_t> output_position(std::string_view name) const {
+    if (names_.forward_based) {
+      for (const auto& [k, n] : bound_outputs_) {
+        if (n == name) return k;
+      }
+      return names_.output_index(name);
+    }
+    if (spec_.config) {
+      const auto& decls = spec_.config->outputs;
+      for (std::size_t p = 0; p < decls.size(); ++p) {
+        if (decls[p].name == name) return index_suffix(name).value_or(p);
+      }
+    }
+    return index_suffix(name);
+  }
+
+  //! The name of output `i` of a model without forward-based names: the config's output
+  //! whose name ends in `__<i>`, else the config's i-th output, else Triton's `OUTPUT__<i>`.
   std::string output_name(std::size_t i) const {
     if (spec_.config) {
       const auto& decls = spec_.config->outputs;
@@ -161,6 +213,23 @@ class runner_core {
     auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
     if (ec != std::errc{} || end != digits.data() + digits.size()) return std::nullopt;
     return v;
+  }
+
+  //! Before the runner's parts go: waits on the host for the work queued on the runner's
+  //! device, so that nothing the runs read (the weights, a mapped policy's pinned memory, a
+  //! hook's tables) is freed or handed to the next load while kernels still read it. The
+  //! runner cannot tell which streams its runs went to (the caller's, the pool's), so it
+  //! waits for the device. Errors are dropped: a destructor has no one to report them to.
+  void drain() const noexcept {
+#if TORCHLOOM_HAS_CUDA
+    if (!device_.is_cuda()) return;
+    try {
+      const c10::cuda::CUDAGuard on(device_);
+      if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
+    } catch (const std::exception&) {
+      (void)0;
+    }
+#endif
   }
 
   //! Work after every run: ENABLE_CACHE_CLEANING.
@@ -198,6 +267,8 @@ class runner_core {
   c10::Device device_;
   std::optional<c10::Device> requested_;
   input_signature signature_;
+  io_names names_;
+  std::vector<std::pair<std::size_t, std::string>> bound_outputs_;
 };
 
 }  // namespace torchloom::detail

@@ -112,10 +112,9 @@ struct cuda_fence_events {
     constexpr std::size_t max_devices = 64;
     thread_local std::array<cuda_fence_events, max_devices> cache;
     auto& e = cache[static_cast<std::size_t>(device) % max_devices];
-    if (!e.before) {
-      e.before = cuda::event("");
-      e.after = cuda::event("");
-    }
+    // Each on its own: a pair whose second creation failed is completed on the next call.
+    if (!e.before) e.before = cuda::event("");
+    if (!e.after) e.after = cuda::event("");
     return e;
   }
 };
@@ -170,22 +169,58 @@ run_result_t<Body, Inputs> run_fenced(c10::Device device, c10::Stream work, Inpu
     auto& events = cuda_fence_events::for_device(device.index());
     cuda::check(cudaEventRecord(events.before.get(), from), "", "cudaEventRecord");
     cuda::check(cudaStreamWaitEvent(to, events.before.get(), 0), "", "cudaStreamWaitEvent");
+    // The way back, also when the body throws after its kernels went out: the caller's stream
+    // then still waits for them before `held` lets the inputs go back to the caller's pool.
+    struct reverse_fence {
+      cudaEvent_t after;
+      cudaStream_t from;
+      cudaStream_t to;
+      bool done = false;
+      void close() {
+        done = true;
+        cuda::check(cudaEventRecord(after, to), "", "cudaEventRecord");
+        cuda::check(cudaStreamWaitEvent(from, after, 0), "", "cudaStreamWaitEvent");
+      }
+      ~reverse_fence() {
+        if (done) return;
+        if (cudaEventRecord(after, to) != cudaSuccess ||
+            cudaStreamWaitEvent(from, after, 0) != cudaSuccess) {
+          (void)cudaGetLastError();
+        }
+      }
+    } back{events.after.get(), from, to};
     {
       c10::StreamGuard stream_guard(work);
       out = std::forward<Body>(body)(run_context{device, work}, std::move(inputs));
     }
-    cuda::check(cudaEventRecord(events.after.get(), to), "", "cudaEventRecord");
-    cuda::check(cudaStreamWaitEvent(from, events.after.get(), 0), "", "cudaStreamWaitEvent");
+    back.close();
   } else
 #endif
   {
     auto& events = fence_events::for_device(device);
     events.before.record(caller);
     events.before.block(work);
+    // The way back, also when the body throws (see above).
+    struct reverse_fence {
+      c10::Event& after;
+      c10::Stream work;
+      c10::Stream caller;
+      bool done = false;
+      ~reverse_fence() {
+        if (done) return;
+        try {
+          after.record(work);
+          after.block(caller);
+        } catch (const std::exception&) {
+          (void)0;  // the body's own error is the one to report
+        }
+      }
+    } back{events.after, work, caller};
     {
       c10::StreamGuard stream_guard(work);
       out = std::forward<Body>(body)(run_context{device, work}, std::move(inputs));
     }
+    back.done = true;
     events.after.record(work);
     events.after.block(caller);
   }

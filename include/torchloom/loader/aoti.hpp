@@ -1,12 +1,15 @@
 #pragma once
 #include <torchloom/concepts/loader.hpp>
 #include <torchloom/concepts/weight_access.hpp>
+#include <torchloom/loader/aoti_call_spec.hpp>
 #include <torchloom/loader/aoti_metadata.hpp>
 #include <torchloom/detail/config.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/detail/torch_error.hpp>
 #include <torchloom/error.hpp>
+#include <torchloom/io_names.hpp>
 #include <torchloom/loader/aoti_options.hpp>
+#include <torchloom/model_format.hpp>
 #include <torchloom/weights/weight_graph.hpp>
 #include <torchloom/signature.hpp>
 
@@ -52,10 +55,12 @@ namespace torchloom {
 //! A loaded AOTInductor package and what it declares.
 struct aoti_model {
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> package;
-  //! Set when the package was loaded for CUDA graph capture (load_context::graph_capture):
-  //! torch's single-threaded runner takes no lock, so runs take this one.
+  //! Set when the package runs on torch's single-threaded runner (AOTI_NUM_RUNNERS=1, or CUDA
+  //! graph capture): that runner takes no lock, so runs take this one, for the host's part of
+  //! a call only (the launch; the GPU work of two calls on two streams still overlaps).
   std::unique_ptr<std::mutex> single_run;
   input_signature inputs;  //!< count and names from the package, dtype/shape where declared
+  io_names names;  //!< Triton's forward-based names of its inputs and outputs (call spec)
   std::unordered_map<std::string, std::string> metadata;  //!< the package's metadata map
   c10::Device device{c10::kCPU};  //!< where it runs
   //! A package exported for streaming: its constants as installed (the weights on the
@@ -86,6 +91,12 @@ inline void check_package_file(const std::string& model, const std::filesystem::
                 concat("'", file.string(),
                        "' is not an AOTInductor package (.pt2): it is not a zip archive"));
   }
+  if (read_model_format(file) == model_format::torchscript) {
+    throw error(errc::load_failed, model,
+                concat("'", file.string(),
+                       "' is a TorchScript archive, not an AOTInductor package: load it with "
+                       "torchscript_loader (platform 'pytorch_libtorch')"));
+  }
 }
 
 //! Constructs torch's package loader with the arguments this LibTorch takes: num_runners and
@@ -99,10 +110,13 @@ std::unique_ptr<PackageLoader> make_package_loader(const std::string& model,
                                                    std::size_t num_runners, c10::Device device,
                                                    bool single_threaded = false) {
   const auto index = device.is_cuda() ? device.index() : c10::DeviceIndex{-1};
-  // Normally false: run() may be called from several threads at once, and torch's
-  // single-threaded mode takes no lock. True for CUDA graph capture: the threaded runner
-  // records an event per run and queries it before the next, and an event recorded in a
-  // capture cannot be queried afterwards; the single-threaded runner keeps no such state.
+  // True with one runner, and for CUDA graph capture: torch's threaded container records an
+  // event per run on its model instance and, to hand that instance to the next call, waits
+  // on the host for it (so back-to-back calls each wait for the GPU to finish the one before,
+  // and calls from several streams never overlap), and an event recorded in a capture cannot
+  // be waited on afterwards. The single-threaded runner keeps no such state but takes no lock:
+  // the caller takes one (aoti_model::single_run). False for several runners, which run at
+  // once on instances of their own.
   using str = const std::string&;
   if constexpr (std::is_constructible_v<PackageLoader, str, str, bool, std::size_t,
                                         c10::DeviceIndex>) {
@@ -154,6 +168,26 @@ struct container_inputs : torch::inductor::AOTIModelContainerRunner {
   }
 };
 
+//! How many outputs the model container returns, through the same entry points; nullopt
+//! where it cannot be read.
+struct container_outputs : torch::inductor::AOTIModelContainerRunner {
+  static std::optional<std::size_t> count(torch::inductor::AOTIModelContainerRunner* runner) {
+    if (runner == nullptr) return std::nullopt;
+    const auto handle = runner->*(&container_outputs::container_handle_);
+    at::DynamicLibrary* library = (runner->*(&container_outputs::model_so_)).get();
+    if (handle == nullptr || library == nullptr) return std::nullopt;
+    try {
+      const auto count_fn = reinterpret_cast<decltype(&AOTInductorModelContainerGetNumOutputs)>(
+          library->sym("AOTInductorModelContainerGetNumOutputs"));
+      std::size_t n = 0;
+      if (count_fn(handle, &n) != 0) return std::nullopt;
+      return n;
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+};
+
 //! The package's constants as its model library declares them (name, dtype, byte size),
 //! through the same entry points; empty where they cannot be read.
 struct container_constants : torch::inductor::AOTIModelContainerRunner {
@@ -201,6 +235,25 @@ struct container_constants : torch::inductor::AOTIModelContainerRunner {
   }
 };
 
+//! Makes `views` (every constant, by name, user-managed: the package keeps only their
+//! addresses) the package's active constants and frees the package's own copies. It goes
+//! through torch's two constant buffers twice, so that the first buffer is the active one in
+//! the end: torch's single-threaded runner (2.6 to 2.11) checks the first buffer's state on
+//! every run whichever buffer is active, and once that buffer is freed (as swapping to the
+//! second one and freeing the inactive one does) every run after the first fails with
+//! "Unknown constant state: NONE".
+template <class Package>
+void install_user_constants(Package& package,
+                            std::unordered_map<std::string, at::Tensor>& views) {
+  auto* runner = package.get_runner();
+  for (int pass = 0; pass < 2; ++pass) {
+    package.load_constants(views, /*use_inactive=*/true, /*check_full_update=*/true,
+                           /*user_managed=*/true);
+    runner->swap_constant_buffer();
+    runner->free_inactive_constant_buffer();
+  }
+}
+
 //! One lock for every package load in the process: some LibTorch versions parse a package's
 //! JSON files into a function-local static, which two loads at once would share.
 inline std::mutex& package_load_mutex() {
@@ -213,7 +266,10 @@ inline std::mutex& package_load_mutex() {
 //! Loads an AOTInductor package (`.pt2`, made by `torch._inductor.aoti_compile_and_package`)
 //! with `torch::inductor::AOTIModelPackageLoader`, and runs it on the stream the stream
 //! policy chose. Options: AOTI_MODEL_NAME (the model inside the package, default "model"),
-//! AOTI_NUM_RUNNERS (how many run() calls may execute at once; more wait). The package must
+//! AOTI_NUM_RUNNERS (1, the default: torch's single-threaded runner behind a lock held for a
+//! call's launch only, so calls from several streams overlap on the GPU and none waits on the
+//! host for the one before; N > 1: torch's container of N model instances, each of which waits
+//! on the host for its previous call before it takes the next). The package must
 //! have been compiled for the runner's device type (cpu or cuda); a CUDA package runs on the
 //! runner's GPU index.
 //!
@@ -229,6 +285,8 @@ struct aoti_loader {
   //! The options this loader reads (a runner with another loader refuses them).
   using option_blocks = boost::mp11::mp_list<aoti_options>;
   static constexpr std::string_view default_filename = "model.pt2";
+  //! Triton's platform of the models it loads (see torchloom/platform.hpp).
+  static constexpr std::string_view platform = "torch_aoti";
 
   //! The options that change what load() makes (shared_weights shares only equal ones).
   static std::string load_key(const aoti_options& o) {
@@ -243,6 +301,13 @@ struct aoti_loader {
   //! `weights.pt` beside it, copied to the device; load_failed when that file is missing or
   //! does not match the package.
   model_type load(const load_context& ctx) const { return load_package(ctx, true); }
+
+  //! For mapped_weights: a package exported for streaming with its weights left in host
+  //! memory (weight_access's constants() returns them; the device holds one-element
+  //! placeholders until they are swapped), any other package as load() loads it.
+  model_type load_keeping_host_weights(const load_context& ctx) const {
+    return load_package(ctx, false);
+  }
 
   //! For streamed_weights: a package exported for streaming, with its weights installed in
   //! host memory (the policy places them). unsupported for another package.
@@ -271,8 +336,10 @@ struct aoti_loader {
     }
     const aoti_options& opts = ctx.spec.options;
     model_type m;
+    const bool single_threaded = ctx.graph_capture || opts.aoti_num_runners.value == 1;
     std::vector<std::string> call_spec;
     std::optional<std::vector<std::string>> container;
+    std::optional<std::size_t> output_count;
     try {
       // A package exported for streaming calls it; torch resolves its calls at load.
       detail::register_stream_weight_op();
@@ -281,11 +348,12 @@ struct aoti_loader {
       if (ctx.device.is_cuda()) on_device.emplace(ctx.device);
       m.package = detail::make_package_loader<torch::inductor::AOTIModelPackageLoader>(
           name, file, opts.aoti_model_name, static_cast<std::size_t>(opts.aoti_num_runners),
-          ctx.device, ctx.graph_capture);
-      if (ctx.graph_capture) m.single_run = std::make_unique<std::mutex>();
+          ctx.device, single_threaded);
+      if (single_threaded) m.single_run = std::make_unique<std::mutex>();
       m.metadata = m.package->get_metadata();
       call_spec = m.package->get_call_spec();
       container = detail::container_inputs::read(m.package->get_runner());
+      output_count = detail::container_outputs::count(m.package->get_runner());
     } catch (const error&) {
       throw;
     } catch (const std::exception& e) {
@@ -305,6 +373,7 @@ struct aoti_loader {
     }
     check_device(name, file, m.metadata, ctx.device);
     m.inputs = declared_inputs(name, file, m.metadata, call_spec, container);
+    m.names = detail::name_call_spec(call_spec, container, output_count);
     m.device = ctx.device;
     if (m.metadata.contains(std::string(detail::aoti_stream_weights_key))) {
       install_package_weights(m, ctx, weights_on_device);
@@ -318,10 +387,14 @@ struct aoti_loader {
     const std::string& name = ctx.spec.name;
     const std::filesystem::path file = ctx.file.parent_path() / detail::aoti_weights_file;
     ctx.spec.require_inside(file, "the package's weights file", errc::load_failed);
-    std::vector<std::string> names =
-        detail::split(m.metadata.at(std::string(detail::aoti_stream_weights_key)), ';');
-    std::vector<at::Tensor> tensors = detail::read_package_weights(
-        name, file, names, detail::container_constants::read(m.package->get_runner()));
+    // Each weight by its names (tied tensors share one); the package keeps one of them.
+    detail::package_weights read = detail::read_package_weights(
+        name, file,
+        detail::parse_stream_weights(
+            name, m.metadata.at(std::string(detail::aoti_stream_weights_key))),
+        detail::container_constants::read(m.package->get_runner()));
+    std::vector<at::Tensor> tensors = std::move(read.tensors);
+    std::vector<std::string> names = std::move(read.names);
     // On the host (streamed_weights), the package gets placeholders on its device, each one
     // element seen with the weight's shape: it only passes them to the fetch operator, which
     // serves its reads from the policy's arena.
@@ -342,12 +415,8 @@ struct aoti_loader {
       }
       std::optional<c10::DeviceGuard> guard;
       if (ctx.device.is_cuda()) guard.emplace(ctx.device);
-      auto* runner = m.package->get_runner();
       auto views = detail::unowned_views(constants);  // the model keeps the owners
-      m.package->load_constants(views, /*use_inactive=*/true, /*check_full_update=*/true,
-                                /*user_managed=*/true);
-      runner->swap_constant_buffer();
-      runner->free_inactive_constant_buffer();
+      detail::install_user_constants(*m.package, views);
     } catch (const error&) {
       throw;
     } catch (const std::exception& e) {
@@ -366,6 +435,10 @@ struct aoti_loader {
 
   //! The inputs load() found.
   input_signature signature(const model_type& m) const { return m.inputs; }
+
+  //! The forward-based names of the package's inputs and outputs, from its call spec (see
+  //! detail::name_call_spec).
+  io_names names(const model_type& m) const { return m.names; }
 
   //! Runs on `rc.stream` of `rc.device`. One output comes back as a Tensor, several as a
   //! tuple (run() flattens both).
@@ -521,7 +594,8 @@ static_assert(tensor_loader<aoti_loader>);
 //! torchloom/concepts/weight_access.hpp):
 //!  - swap its constants (mapped_weights): read them and replace them with tensors of the
 //!    caller's (user-managed constants in the package's second constant buffer, which
-//!    becomes the active one; the package's own copies are freed);
+//!    becomes the active one; the package's own copies are freed); a package exported for
+//!    streaming is loaded with its weights in host memory for that, never all on the device;
 //!  - rewrite its weight reads (streamed_weights), for a package exported for streaming,
 //!    whose reads already call the fetch operator: record their order on a first run;
 //!  - measure the device bytes of its constants (resident_weights, shared_weights).
@@ -529,8 +603,23 @@ template <class Loader>
   requires std::derived_from<Loader, aoti_loader> &&
            std::same_as<typename Loader::model_type, aoti_model>
 struct weight_access<Loader> {
-  //! The package's active constants by name.
+  //! Loads the package so that swapping its constants never puts them all on the device: a
+  //! package exported for streaming keeps its weights in host memory until they are swapped.
+  static aoti_model load_for_swapping(const Loader& l, const load_context& ctx) {
+    return l.load_keeping_host_weights(ctx);
+  }
+
+  //! The package's constants by name: its weights in host memory where load_for_swapping
+  //! left them there, else its active constants.
   static std::unordered_map<std::string, at::Tensor> constants(aoti_model& m) {
+    if (m.reads && !m.weights_on_host.empty()) {
+      std::unordered_map<std::string, at::Tensor> out;
+      const auto& names = m.reads->names();
+      for (std::size_t i = 0; i < names.size() && i < m.weights_on_host.size(); ++i) {
+        out.emplace(names[i], m.weights_on_host[i]);
+      }
+      return out;
+    }
     return m.package->get_runner()->extract_constants_map(/*use_inactive=*/false);
   }
 
@@ -539,13 +628,12 @@ struct weight_access<Loader> {
   //! the other.
   static void replace_constants(aoti_model& m,
                                 std::unordered_map<std::string, at::Tensor>& replacement) {
-    auto* runner = m.package->get_runner();
     auto views = detail::unowned_views(replacement);  // the caller keeps the owners
-    m.package->load_constants(views, /*use_inactive=*/true, /*check_full_update=*/true,
-                              /*user_managed=*/true);
-    runner->swap_constant_buffer();
-    runner->free_inactive_constant_buffer();
-    m.weights.clear();  // a streaming package's weights, installed from weights.pt
+    detail::install_user_constants(*m.package, views);
+    // A streaming package's weights, installed from weights.pt, or its placeholders and the
+    // host weights they stood for.
+    m.weights.clear();
+    m.weights_on_host.clear();
   }
 
   //! The bytes of the package's constants on `device` (each storage once).
@@ -640,6 +728,7 @@ struct aoti_loader_unavailable {
   // The loader's shape, so that this assertion is the only error a runner of it reports.
   struct model_type {};
   static constexpr std::string_view default_filename = "model.pt2";
+  static constexpr std::string_view platform = "torch_aoti";
   model_type load(const load_context&) const;
   input_signature signature(const model_type&) const;
   c10::IValue run(model_type&, std::vector<c10::IValue>&&, const run_context&) const;

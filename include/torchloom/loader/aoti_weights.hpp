@@ -2,41 +2,32 @@
 //! The weights of an AOTInductor package exported for streaming (scripts/torchloom_export.py,
 //! offload on): every weight read in its graph goes through the operator
 //! `torchloom::stream_weight(weight, after, index)`, its constants are not compiled into it,
-//! and the weights come in `weights.pt` beside the package. This header registers that
-//! operator, reads and checks `weights.pt`, and turns the operator's calls into fetches from a
-//! residency policy's weight source, in the order the package's first run made them.
+//! and the weights come in `weights.pt` beside the package (read and checked by
+//! torchloom/loader/aoti_package_weights.hpp). This header registers that operator and turns
+//! its calls into fetches from a residency policy's weight source, in the order the package's
+//! first run made them.
 //!
 //! Needs LibTorch >= 2.6 (included by torchloom/loader/aoti.hpp only there).
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/detail/torch_error.hpp>
-#include <torchloom/dtype.hpp>
 #include <torchloom/error.hpp>
+#include <torchloom/loader/aoti_package_weights.hpp>
 #include <torchloom/weights/weight_graph.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
-#include <torch/script.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <exception>
-#include <filesystem>
 #include <memory>
-#include <optional>
 #include <string>
-#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 namespace torchloom::detail {
-
-//! The metadata key of a package exported for streaming: its weights' names (the constants'
-//! original fully qualified names), ';'-separated, in the order of the operator's `index`.
-inline constexpr std::string_view aoti_stream_weights_key = "torchloom.stream_weights";
-//! The file beside the package that holds those weights (buffers w0, w1, ...).
-inline constexpr std::string_view aoti_weights_file = "weights.pt";
 
 //! The calls of `torchloom::stream_weight` in one package: recorded on a first run, then
 //! served from a weight source, position by position, checked against the record.
@@ -195,73 +186,6 @@ inline void register_stream_weight_op() {
     return true;
   }();
   (void)registered;
-}
-
-//! One constant of a package as it declares it.
-struct package_constant {
-  std::string fqn;
-  std::optional<c10::ScalarType> dtype;
-  std::optional<std::size_t> bytes;
-};
-
-//! Reads `weights.pt` (beside the package file) for a package that declares
-//! `torchloom.stream_weights`: one host tensor per name, checked against the package's
-//! constants (each name one of them and every constant named; dtype and byte size where the
-//! package tells). Throws load_failed naming the file and the weight.
-inline std::vector<at::Tensor> read_package_weights(
-    const std::string& model, const std::filesystem::path& file,
-    const std::vector<std::string>& names, const std::vector<package_constant>& constants) {
-  const std::string where = concat("'", file.string(), "'");
-  std::unordered_map<std::string, at::Tensor> buffers;
-  try {
-    const torch::jit::Module holder = torch::jit::load(file.string(), c10::Device(c10::kCPU));
-    for (const auto& b : holder.named_buffers(/*recurse=*/false)) buffers.emplace(b.name, b.value);
-  } catch (const std::exception& e) {
-    throw error(errc::load_failed, model,
-                concat("cannot read the package's weights ", where, ": ", torch_message(e)));
-  }
-  if (buffers.size() != names.size()) {
-    throw error(errc::load_failed, model,
-                concat(where, " holds ", buffers.size(), " tensors but the package declares ",
-                       names.size(), " weights ('", aoti_stream_weights_key, "')"));
-  }
-  std::unordered_map<std::string, const package_constant*> by_name;
-  for (const auto& c : constants) by_name.emplace(c.fqn, &c);
-  if (!constants.empty() && constants.size() != names.size()) {
-    throw error(errc::load_failed, model,
-                concat("the package has ", constants.size(), " constants but declares ",
-                       names.size(), " weights ('", aoti_stream_weights_key,
-                       "'): it was not exported with every weight streamed"));
-  }
-  std::vector<at::Tensor> out;
-  out.reserve(names.size());
-  for (std::size_t i = 0; i < names.size(); ++i) {
-    const auto found = buffers.find(concat("w", i));
-    if (found == buffers.end()) {
-      throw error(errc::load_failed, model,
-                  concat(where, " has no tensor 'w", i, "' (weight '", names[i], "')"));
-    }
-    at::Tensor t = found->second;
-    if (!constants.empty()) {
-      const auto c = by_name.find(names[i]);
-      if (c == by_name.end()) {
-        throw error(errc::load_failed, model,
-                    concat("the package declares weight '", names[i],
-                           "' but has no such constant"));
-      }
-      const package_constant& pc = *c->second;
-      const auto bytes = static_cast<std::size_t>(t.numel()) * t.element_size();
-      if ((pc.dtype && *pc.dtype != t.scalar_type()) || (pc.bytes && *pc.bytes != bytes)) {
-        throw error(errc::load_failed, model,
-                    concat(where, ": weight '", names[i], "' is ", dtype_name(t.scalar_type()),
-                           ", ", bytes, " bytes; the package expects ",
-                           pc.dtype ? dtype_name(*pc.dtype) : std::string("any dtype"), ", ",
-                           pc.bytes ? concat(*pc.bytes, " bytes") : std::string("any size")));
-      }
-    }
-    out.push_back(t.contiguous());
-  }
-  return out;
 }
 
 //! Views of `owners` over storages that do not own their memory (one per distinct storage, so

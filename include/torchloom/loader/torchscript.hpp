@@ -7,6 +7,7 @@
 #include <torchloom/detail/torch_error.hpp>
 #include <torchloom/weights/weight_graph.hpp>
 #include <torchloom/error.hpp>
+#include <torchloom/model_format.hpp>
 
 #include <torch/csrc/jit/passes/tensorexpr_fuser.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
@@ -49,6 +50,8 @@ struct torchscript_model {
 struct torchscript_loader {
   using model_type = torchscript_model;
   static constexpr std::string_view default_filename = "model.pt";
+  //! Triton's platform of the models it loads (see torchloom/platform.hpp).
+  static constexpr std::string_view platform = "pytorch_libtorch";
 
   //! The options that change what load() makes (shared_weights shares only equal ones).
   static std::string load_key(const runner_options& o) {
@@ -60,13 +63,20 @@ struct torchscript_loader {
                           flag(o.enable_tensor_fuser), " nvfuser=", flag(o.enable_nvfuser));
   }
 
-  //! Throws model_not_found (no file), load_failed (not a TorchScript file, torch failed to
-  //! load it (torch's message is kept), or a tensor needs more bytes than its record holds),
+  //! Throws model_not_found (no file), load_failed (not a TorchScript file, such as an
+  //! AOTInductor package; torch failed to load it (torch's message is kept); or a tensor needs
+  //! more bytes than its record holds),
   //! invalid_option (conflicting process settings).
   model_type load(const load_context& ctx) const {
     const auto& name = ctx.spec.name;
     const auto& opts = ctx.spec.options;
     detail::require_model_file(name, ctx.file);
+    if (read_model_format(ctx.file) == model_format::aoti) {
+      throw error(errc::load_failed, name,
+                  detail::concat("'", ctx.file.string(),
+                                 "' is an AOTInductor package, not a TorchScript archive: load "
+                                 "it with aoti_loader (platform 'torch_aoti')"));
+    }
     model_type m;
     if (opts.enable_jit_executor) {
       const bool v = *opts.enable_jit_executor;

@@ -79,14 +79,17 @@ class weight_map final : public weight_source {
   //! Moves a model's constants (an AOTInductor package's) into pinned host memory mapped
   //! into the device, but the `resident_budget` bytes of them that are largest (each is read
   //! once a run): their copies replace the model's constants through Access (a
-  //! weight_access with swappable constants), which frees the model's own device copies. The
-  //! device holds all the weights once, briefly, at load.
+  //! weight_access with swappable constants), which frees the model's own device copies.
+  //! Constants the model holds on the device (a package compiled with them) are there once,
+  //! briefly, at load; those it holds in host memory (a package exported for streaming,
+  //! loaded with load_for_swapping) never reach the device but for the resident ones.
   template <class Access, class Model>
   void prepare_constants(Model& m, std::int64_t resident_budget) {
     budget_ = resident_budget;
     if (!device_.is_cuda()) return;  // a CPU package's constants are host memory already
     try {
       const auto constants = Access::constants(m);
+      if (constants.empty()) return;  // a package without weights: nothing to map
       std::vector<weight_read> reads;
       std::vector<std::string> names;
       for (const auto& [fqn, t] : constants) {
@@ -170,8 +173,10 @@ class weight_map final : public weight_source {
 //! constants can be swapped (swappable_constants: AOTInductor packages, LibTorch 2.6 and
 //! later): the package's constants are replaced by mapped ones (user-managed constants in its
 //! second constant buffer) and its device copies freed; the budget keeps the largest
-//! constants on the device; the device holds every weight once, briefly, while the package
-//! loads. A static_assert refuses other loaders. run() may be called from several threads at
+//! constants on the device; the device holds every weight once, briefly, while a package
+//! compiled with its constants loads, and never for a package exported for streaming
+//! (scripts/torchloom_export.py), whose weights go from weights.pt to pinned host memory.
+//! A static_assert refuses other loaders. run() may be called from several threads at
 //! once. On a CPU device the weights stay in host memory.
 struct mapped_weights {
   //! The options this policy reads (a runner without it refuses them).
@@ -199,8 +204,12 @@ struct mapped_weights {
       const std::int64_t resident = budget ? *budget * (std::int64_t{1} << 20) : 0;
       if constexpr (swappable) {
         // First: a loader that can do both (aoti_loader) maps every package this way, one
-        // exported for streaming too.
-        model_ = l.load(ctx);
+        // exported for streaming too (its weights then come from host memory).
+        if constexpr (requires { access::load_for_swapping(l, ctx); }) {
+          model_ = access::load_for_swapping(l, ctx);
+        } else {
+          model_ = l.load(ctx);
+        }
         map_->template prepare_constants<access>(model_, resident);
       } else if constexpr (rewritable) {
         model_ = access::load_on_host(l, ctx);

@@ -2,6 +2,7 @@
 
 #include <torchloom/concepts/stream_policy.hpp>
 #include <torchloom/detail/config.hpp>
+#include <torchloom/error.hpp>
 #include <torchloom/stream/caller.hpp>
 #include <torchloom/stream/graph_options.hpp>
 #include <torchloom/stream/graph_stats.hpp>
@@ -17,8 +18,14 @@
 #include <string_view>
 #include <utility>
 
-#if TORCHLOOM_HAS_CUDA
+// CUDA graphs need LibTorch >= 2.1: before, torch captures in global mode only, which any CUDA
+// call of another thread (another runner's allocation) breaks. Below it graphed<S> refuses
+// CUDA devices (see its constructor).
+#if TORCHLOOM_HAS_CUDA && TORCHLOOM_TORCH_VERSION >= 20100
+#define TORCHLOOM_CUDA_GRAPHS 1
 #include <torchloom/cuda/graph_cache.hpp>
+#else
+#define TORCHLOOM_CUDA_GRAPHS 0
 #endif
 
 namespace torchloom {
@@ -60,13 +67,33 @@ class graphed {
   using option_blocks = boost::mp11::mp_push_back<option_blocks_of<Stream>, graph_options>;
 
   explicit graphed(const model_context& ctx) : inner_(ctx) {
-#if TORCHLOOM_HAS_CUDA
+    if (ctx.options.enable_cache_cleaning) {
+      // Emptying torch's cache after a run synchronises the device, which a capture under
+      // way on another thread does not survive.
+      throw error(errc::invalid_option, ctx.name,
+                  "ENABLE_CACHE_CLEANING cannot be combined with graphed<Stream>: emptying "
+                  "the allocator's cache after each run synchronises the device, which breaks "
+                  "a CUDA graph capture under way on another thread (and a graph keeps its "
+                  "memory in a pool of its own anyway); turn one of them off");
+    }
+#if TORCHLOOM_HAS_CUDA && !TORCHLOOM_CUDA_GRAPHS
     if (ctx.device.is_cuda()) {
-      // A green context's kernels must be captured on its own stream: a kernel node runs in
-      // the context it was captured in, wherever the graph is launched.
+      throw error(errc::unsupported, ctx.name,
+                  "graphed<Stream> needs LibTorch >= 2.1 on a CUDA device (older versions "
+                  "capture in a mode that other threads' CUDA calls break); use the plain "
+                  "stream policy");
+    }
+#endif
+#if TORCHLOOM_CUDA_GRAPHS
+    if (ctx.device.is_cuda()) {
+      // A green context's kernels must be captured in that context (a kernel node runs in the
+      // context it was captured in, wherever the graph is launched), on a stream of the
+      // cache's own: the policy's stream is shared by every runner of the configuration.
+      cuda::owned_stream capture_stream;
       constexpr bool context_bound = requires(const Stream& s) { s.context(); };
+      if constexpr (context_bound) capture_stream = inner_.context()->make_stream(ctx.name);
       cache_ = std::make_unique<cuda::graph_cache>(ctx.name, ctx.device, ctx.options,
-                                                   context_bound);
+                                                   std::move(capture_stream), !context_bound);
     }
 #endif
   }
@@ -75,7 +102,7 @@ class graphed {
   //! of the kind the body returns (c10::IValue or std::vector<at::Tensor>).
   template <class Inputs, class Body>
   detail::run_result_t<Body, Inputs> execute(c10::Device device, Inputs inputs, Body&& body) {
-#if TORCHLOOM_HAS_CUDA
+#if TORCHLOOM_CUDA_GRAPHS
     if (cache_ && device.is_cuda()) {
       return cache_->run(inner_, device, std::move(inputs), std::forward<Body>(body));
     }
@@ -89,7 +116,7 @@ class graphed {
 
   //! Captures, replays, eager runs and evictions so far (all zero on CPU).
   graph_stats stats() const {
-#if TORCHLOOM_HAS_CUDA
+#if TORCHLOOM_CUDA_GRAPHS
     if (cache_) return cache_->stats();
 #endif
     return {};
@@ -97,7 +124,7 @@ class graphed {
 
  private:
   Stream inner_;
-#if TORCHLOOM_HAS_CUDA
+#if TORCHLOOM_CUDA_GRAPHS
   std::unique_ptr<cuda::graph_cache> cache_;
 #endif
 };

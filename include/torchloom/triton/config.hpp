@@ -4,6 +4,7 @@
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
 
+#include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
 #include <fcntl.h>
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -64,10 +66,13 @@ struct warmup_decl {
 //! (dynamic batching, rate limiting, ...) are accepted and ignored.
 struct triton_config {
   std::string name;
-  std::string platform;
-  std::string backend;
+  std::string platform;  //!< as written: `pytorch_libtorch`, `libtorch`, `torch_aoti` or empty
+  std::string backend;   //!< as written: `pytorch`, `torchloom` or empty
   std::int64_t max_batch_size = 0;  //!< > 0: every input has an implicit batch dimension
   std::string default_model_filename;
+  std::size_t platform_line = 0;  //!< where each of the three above is; 0 when absent
+  std::size_t backend_line = 0;
+  std::size_t default_model_filename_line = 0;
   std::vector<instance_group> instance_groups;
   std::vector<tensor_decl> inputs;
   std::vector<tensor_decl> outputs;
@@ -154,16 +159,22 @@ inline std::vector<tensor_decl> tensor_decls(const pb_field& root, std::string_v
   return out;
 }
 
+//! Whether `platform` is one of Triton's PyTorch platforms: `pytorch_libtorch` (alias
+//! `libtorch`, TorchScript) or `torch_aoti` (AOTInductor packages).
+inline bool is_pytorch_platform(std::string_view platform) {
+  return platform == "pytorch_libtorch" || platform == "libtorch" || platform == "torch_aoti";
+}
+
 //! The backend a config is written for, when it is not PyTorch's: Triton's platform names and
-//! backend names. Empty for PyTorch (platform `pytorch_libtorch`, backend `pytorch` or
-//! `torchloom`) and for a config that names neither.
+//! backend names. Empty for PyTorch (platform `pytorch_libtorch`, `libtorch` or `torch_aoti`,
+//! backend `pytorch` or `torchloom`) and for a config that names neither.
 inline std::string foreign_backend(const pb_field& root, std::size_t& line) {
   static const std::map<std::string_view, std::string_view> platforms = {
       {"tensorrt_plan", "tensorrt"},         {"tensorflow_graphdef", "tensorflow"},
       {"tensorflow_savedmodel", "tensorflow"}, {"onnxruntime_onnx", "onnxruntime"},
       {"caffe2_netdef", "caffe2"},           {"ensemble", "ensemble"}};
   if (const auto* p = root.find("platform");
-      p && !p->is_message && p->scalar != "pytorch_libtorch") {
+      p && !p->is_message && !is_pytorch_platform(p->scalar)) {
     line = p->line;
     auto it = platforms.find(p->scalar);
     return concat(it != platforms.end() ? std::string(it->second) : printable(p->scalar, 64),
@@ -186,8 +197,9 @@ triton_config checked_triton_config(const pb_field& root, const std::filesystem:
 }  // namespace detail
 
 //! Parses the text of a config.pbtxt. `source` names the file in errors. Checks, in order:
-//! the text format; that the config is for PyTorch (platform `pytorch_libtorch`, backend
-//! `pytorch` or `torchloom`, or neither given); every field against Triton's ModelConfig;
+//! the text format; that the config is for PyTorch (platform `pytorch_libtorch`, `libtorch` or
+//! `torch_aoti`, backend `pytorch` or `torchloom`, or neither given); every field against
+//! Triton's ModelConfig;
 //! then the values torchloom reads (max_batch_size >= 0, dims -1 or >= 1, instance counts
 //! and gpus >= 0, data types PyTorch can take, default_model_filename inside the version
 //! directory). Throws torchloom::error with the file, the line and what is wrong:
@@ -214,9 +226,10 @@ inline triton_config detail::checked_triton_config(const pb_field& root,
   std::size_t line = 0;
   if (const std::string other = detail::foreign_backend(root, line); !other.empty()) {
     throw error(errc::unsupported, {},
-                detail::concat(at(line), ": this config is for Triton's ",
-                               other, " backend; torchloom runs PyTorch models (platform "
-                               "'pytorch_libtorch', backend 'pytorch' or 'torchloom')"));
+                detail::concat(at(line), ": this config is for Triton's ", other,
+                               " backend; torchloom runs PyTorch models (platform "
+                               "'pytorch_libtorch', 'libtorch' or 'torch_aoti', backend "
+                               "'pytorch' or 'torchloom')"));
   }
   detail::model_config_checker(source).check(root);
 
@@ -225,9 +238,16 @@ inline triton_config detail::checked_triton_config(const pb_field& root,
     const auto* f = root.find(n);
     return f ? f->scalar : std::string();
   };
+  auto line_of = [&](std::string_view n) {
+    const auto* f = root.find(n);
+    return f ? f->line : std::size_t{0};
+  };
   c.name = text_of("name");
   c.platform = text_of("platform");
   c.backend = text_of("backend");
+  c.platform_line = line_of("platform");
+  c.backend_line = line_of("backend");
+  c.default_model_filename_line = line_of("default_model_filename");
   if (const auto* f = root.find("default_model_filename")) {
     const std::filesystem::path p(f->scalar);
     bool inside = !f->scalar.empty() && p.is_relative() && !p.has_root_name();
@@ -264,10 +284,12 @@ inline triton_config detail::checked_triton_config(const pb_field& root,
     }
     for (const auto* gpu : g->all("gpus")) {
       const std::int64_t id = detail::pb_int(*gpu, src);
-      if (id < 0) {
+      // torch's device index is 8 bits wide: a larger one would wrap round to another GPU.
+      constexpr std::int64_t max_gpu = std::numeric_limits<c10::DeviceIndex>::max();
+      if (id < 0 || id > max_gpu) {
         throw error(errc::invalid_option, {},
                     detail::concat(at(gpu->line), ": instance_group gpus: ", id,
-                                   " is not a GPU index"));
+                                   " is not a GPU index (0 to ", max_gpu, ")"));
       }
       if (ig.kind == "KIND_CPU" || ig.kind == "KIND_MODEL") {
         throw error(errc::invalid_option, {},

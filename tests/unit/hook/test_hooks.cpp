@@ -223,9 +223,11 @@ TEST_CASE("An AOTInductor package calls the op library's operator on the hook's 
   // scripts/make_aoti_fixtures.py exports the same computation as e2e_model's TorchScript
   // model: lookup(keys, 0) * 2 + lookup(keys, 1).
   TORCHLOOM_REQUIRE_AOTI_FIXTURE(package, "lookup_cpu");
-  e2e_model model;
-  copy_file_with_mode(package / "1" / "model.pt2", model.path() / "1" / "model.pt2", 0644);
+  e2e_options o;
+  o.package = package / "1" / "model.pt2";
+  e2e_model model(o);
   const auto spec = torchloom::model_spec::from_directory(model.path());
+  REQUIRE(spec.platform.name == "torch_aoti");  // the version directory holds model.pt2 alone
   const auto calls = unregister_calls();
   {
     torchloom::model_runner<torchloom::aoti_loader, torchloom::dlopen_hook> r(spec);
@@ -248,5 +250,68 @@ TEST_CASE("An AOTInductor package calls the op library's operator on the hook's 
   CHECK_TORCHLOOM_ERROR(unhooked.run({model.keys}), errc::run_failed, "model 'embed'",
                         "the error itself, such as a custom operator's message, was logged "
                         "to stderr");
+}
+
+TEST_CASE("A torch_aoti repository on the GPU whose package reads the tables a hook registers, "
+          "through both hook ABIs",
+          "[hook][aoti][cuda]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  // CUDA first, so the op library's probe forks a process that has CUDA initialised.
+  CHECK(torch::ones({1}, torch::Device(torch::kCUDA, 0)).sum().item<float>() == 1.0F);
+  // The deployment this project was made for: a package compiled for CUDA whose custom
+  // operator looks its tables up in a process-global registry, which MODEL_INIT_LIBRARY fills
+  // before the package loads and empties when it unloads; a Triton config with a parameters
+  // block, INFERENCE_MODE among them.
+  TORCHLOOM_REQUIRE_AOTI_FIXTURE(package, "lookup_cuda");
+  struct abi {
+    const char* hook;
+    bool weights_in_version_directory;  // Triton's ABI gets the version directory
+  };
+  for (const abi& a : {abi{"tl_test_hook", false}, abi{"tl_test_hook_triton_release", true},
+                       abi{"tl_test_hook_triton_fini", true}}) {
+    INFO(a.hook);
+    e2e_options o;
+    o.hook = a.hook;
+    o.weights_in_version_directory = a.weights_in_version_directory;
+    o.package = package / "1" / "model.pt2";
+    o.config = R"(backend: "pytorch"
+platform: "torch_aoti"
+max_batch_size: 0
+input [ { name: "INPUT__0" data_type: TYPE_INT64 dims: [ -1 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ -1, 4 ] } ]
+instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]
+parameters { key: "INFERENCE_MODE" value: { string_value: "true" } }
+parameters { key: "ENABLE_CACHE_CLEANING" value: { string_value: "true" } }
+parameters { key: "AOTI_NUM_RUNNERS" value: { string_value: "2" } }
+)";
+    e2e_model model(o);
+    const auto spec = torchloom::model_spec::from_directory(model.path());
+    REQUIRE(spec.platform.name == "torch_aoti");
+    REQUIRE(torchloom::loader_for(spec) == torchloom::loader_kind::aoti);
+    CHECK(spec.options.inference_mode);
+    CHECK(spec.options.enable_cache_cleaning);
+    const auto calls = unregister_calls();
+    {
+      torchloom::model_runner<torchloom::aoti_loader, torchloom::dlopen_hook,
+                              torchloom::pool_stream>
+          r(spec);
+      CHECK(r.device() == torch::Device(torch::kCUDA, 0));  // from instance_group
+      CHECK(table_count() == 2);  // registered by the hook before the package loaded
+      CHECK(r.inputs()[0].dtype == c10::ScalarType::Long);  // from config.pbtxt
+      const auto out = r.run({model.keys});  // CPU keys, moved to the GPU
+      REQUIRE(out.size() == 1);
+      CHECK(out[0].is_cuda());
+      CHECK(out[0].is_inference());  // INFERENCE_MODE in effect
+      CHECK(torch::allclose(out[0].cpu(), model.expected()));
+      const auto named = r.run_named({{"ARGS[0]", model.keys.cuda()}});
+      CHECK(torch::allclose(named.at("OUTPUT__0").toTensor().cpu(), model.expected()));
+      const auto ordinal = r.run_named({{"INPUT__0", model.keys}});
+      CHECK(torch::allclose(ordinal.at("OUTPUT__0").toTensor().cpu(), model.expected()));
+      CHECK(unregister_calls() == calls);  // not released while the model is loaded
+    }
+    CHECK(unregister_calls() == calls + 1);  // released exactly once, at unload
+    CHECK(table_count() == 0);
+    CHECK_FALSE(is_loaded(model.path() / so(a.hook)));
+  }
 }
 #endif

@@ -1,9 +1,10 @@
 // Hostile and broken inputs to the runner: a model.pt whose tensor records are short,
 // declared shapes too large to synthesise, a None where the model takes an int, the
-// process-wide settings a failed construction claimed, symlinks out of the model directory
-// and files nobody may read.
+// process-wide settings a failed construction claimed, symlinks out of the model directory,
+// files nobody may read, and bytes in a message that are not UTF-8.
 #include <ATen/Parallel.h>
 #include <grp.h>
+#include <iconv.h>
 #include <sys/wait.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <unistd.h>
@@ -37,6 +38,22 @@ def forward(self, x):
     return (torch.linear(x, self.w) + self.shift) * self.scale
 )");
   return m;
+}
+
+// Whether glibc's iconv decodes all of `text` as UTF-8: a judge of well-formed UTF-8 that is
+// not torchloom's own.
+bool iconv_reads_as_utf8(const std::string& text) {
+  const iconv_t cd = ::iconv_open("UTF-32LE", "UTF-8");
+  REQUIRE(cd != reinterpret_cast<iconv_t>(-1));
+  std::string in = text;
+  std::string out(4 * in.size() + 4, '\0');
+  char* in_ptr = in.data();
+  char* out_ptr = out.data();
+  std::size_t in_left = in.size();
+  std::size_t out_left = out.size();
+  const std::size_t rc = ::iconv(cd, &in_ptr, &in_left, &out_ptr, &out_left);
+  ::iconv_close(cd);
+  return rc != static_cast<std::size_t>(-1) && in_left == 0;
 }
 
 struct failing_init_hook {
@@ -334,4 +351,41 @@ TEST_CASE("Permission denied is reported as such, also when the tests run as roo
   }
   INFO(failures);
   CHECK(failures.empty());
+}
+
+TEST_CASE("An error message is one line of valid UTF-8: bytes that are not UTF-8 are escaped "
+          "like control characters",
+          "[hostile]") {
+  // The judge itself: it refuses what the escaping must catch.
+  for (const char* bad : {"\xff", "\xc3(", "\xed\xa0\x80", "\xc0\xaf", "\xf4\x90\x80\x80",
+                          "\xe2\x82"}) {
+    CHECK_FALSE(iconv_reads_as_utf8(bad));
+  }
+  const torchloom::error e(errc::load_failed, "m\xff",
+                           "lone \xc3( euro \xe2\x82\xac surrogate \xed\xa0\x80 overlong "
+                           "\xc0\xaf above \xf4\x90\x80\x80 line\xe2\x80\xa8sep nel\xc2\x85 "
+                           "tab\t cut \xe2\x82");
+  CHECK(std::string(e.what()) ==
+        "torchloom: model 'm\\xff': lone \\xc3( euro \xe2\x82\xac surrogate \\xed\\xa0\\x80 "
+        "overlong \\xc0\\xaf above \\xf4\\x90\\x80\\x80 line\\u2028sep nel\\u0085 tab\\t cut "
+        "\\xe2\\x82 [load_failed]");
+  CHECK(e.model() == "m\\xff");
+  CHECK(iconv_reads_as_utf8(e.what()));
+  // Escaped text escapes to itself: a message built from another's is not escaped twice.
+  CHECK(torchloom::detail::escape_controls(e.message()) == e.message());
+
+  // printable() cuts before a UTF-8 sequence, never inside one.
+  const std::string long_value = std::string(199, 'a') + "\xc3\xa9\xc3\xa9";
+  const std::string cut = torchloom::detail::printable(long_value, 200);
+  CHECK(cut == std::string(199, 'a') + "... (203 characters)");
+  CHECK(iconv_reads_as_utf8(cut));
+
+  // From a real path: a Latin-1 directory name in a model_not_found error.
+  temp_dir t;
+  const auto err = torchloom_test::capture_error(
+      [&] { (void)model_spec::from_directory(t / "caf\xe9"); });
+  INFO(err.what());
+  CHECK(err.code() == errc::model_not_found);
+  CHECK(torchloom_test::contains(err.what(), "caf\\xe9"));
+  CHECK(iconv_reads_as_utf8(err.what()));
 }

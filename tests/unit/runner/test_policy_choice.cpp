@@ -33,6 +33,12 @@ policy_choice choice_of(std::type_identity<torchloom::model_runner<L, H, S, R>>)
   if constexpr (std::is_same_v<S, torchloom::pool_stream>) c.stream = stream_kind::pool;
   if constexpr (std::is_same_v<S, torchloom::adaptive_stream>) c.stream = stream_kind::adaptive;
   if constexpr (std::is_same_v<S, torchloom::green_context_stream>) c.stream = stream_kind::green;
+  if constexpr (std::is_same_v<S, torchloom::green_context_complement_stream>) {
+    c.stream = stream_kind::green_complement;
+  }
+  if constexpr (std::is_same_v<S, torchloom::graphed<torchloom::caller_stream>>) {
+    c.stream = stream_kind::graphed_caller;
+  }
   if constexpr (std::is_same_v<R, torchloom::resident_weights>) c.residency = residency_kind::resident;
   if constexpr (std::is_same_v<R, torchloom::shared_weights>) c.residency = residency_kind::shared;
   if constexpr (std::is_same_v<R, torchloom::streamed_weights>) c.residency = residency_kind::streamed;
@@ -55,7 +61,8 @@ TEST_CASE("policy names parse, print and list every policy of a role", "[choice]
   CHECK(torchloom::to_string(stream_kind::green) == "green");
   CHECK(torchloom::to_string(residency_kind::streamed) == "streamed");
   CHECK(torchloom::policy_names<stream_kind>() ==
-        std::vector<std::string>{"caller", "pool", "adaptive", "green"});
+        std::vector<std::string>{"caller", "pool", "adaptive", "green", "green_complement",
+                                 "graphed_caller"});
   CHECK(torchloom::policy_names<residency_kind>() ==
         std::vector<std::string>{"resident", "shared", "streamed", "mapped"});
   for_each_kind<residency_kind>([](residency_kind k) {
@@ -69,9 +76,27 @@ TEST_CASE("an unknown policy name is invalid_option naming it, its role and the 
           "[choice]") {
   CHECK_TORCHLOOM_ERROR(torchloom::parse_policy<stream_kind>("polo", "ranker"),
                         errc::invalid_option, "model 'ranker'", "'polo'", "stream policy",
-                        "'caller', 'pool', 'adaptive' or 'green'");
+                        "'caller', 'pool', 'adaptive', 'green', 'green_complement' or "
+                        "'graphed_caller'");
   CHECK_TORCHLOOM_ERROR(torchloom::parse_policy<residency_kind>("Shared"), errc::invalid_option,
                         "'Shared'", "residency policy", "'resident', 'shared', 'streamed' or 'mapped'");
+}
+
+TEST_CASE("an unknown policy name close to a valid one suggests it, as option keys do",
+          "[choice]") {
+  CHECK_TORCHLOOM_ERROR(torchloom::parse_policy<stream_kind>("polo"), errc::invalid_option,
+                        "'polo' is not a stream policy; did you mean 'pool'?",
+                        "'caller', 'pool', 'adaptive', 'green', 'green_complement' or "
+                        "'graphed_caller'");
+  CHECK_TORCHLOOM_ERROR(torchloom::parse_policy<residency_kind>("Shared"), errc::invalid_option,
+                        "did you mean 'shared'?");
+  CHECK_TORCHLOOM_ERROR(torchloom::parse_policy<hook_kind>("dlopn"), errc::invalid_option,
+                        "did you mean 'dlopen'?");
+  // Nothing close: the valid names alone, no guess.
+  const auto far = torchloom_test::capture_error(
+      [] { (void)torchloom::parse_policy<stream_kind>("tensorrt"); });
+  CHECK_FALSE(torchloom_test::contains(far.what(), "did you mean"));
+  CHECK(torchloom_test::contains(far.what(), "use 'caller', 'pool', 'adaptive' or 'green'"));
 }
 
 TEST_CASE("the loader follows the file type", "[choice]") {
@@ -90,13 +115,23 @@ TEST_CASE("availability follows the build and the policies' own limits", "[choic
                                  residency_kind::mapped}) == aoti);
   CHECK(torchloom::is_available({loader_kind::torchscript, hook_kind::none, stream_kind::green,
                                  residency_kind::resident}) == cuda);
+  CHECK(torchloom::is_available({loader_kind::torchscript, hook_kind::none,
+                                 stream_kind::green_complement, residency_kind::shared}) == cuda);
+  // graphed<caller_stream> is a no-op on the CPU, so it exists in every build, but never with
+  // streamed_weights (model_runner refuses that pair at compile time).
+  CHECK(torchloom::is_available({loader_kind::torchscript, hook_kind::dlopen,
+                                 stream_kind::graphed_caller, residency_kind::mapped}));
+  CHECK_FALSE(torchloom::is_available({loader_kind::torchscript, hook_kind::none,
+                                       stream_kind::graphed_caller, residency_kind::streamed}));
   // streamed_weights streams packages exported for streaming: the runner exists with aoti.
   CHECK(torchloom::is_available({loader_kind::aoti, hook_kind::none, stream_kind::caller,
                                  residency_kind::streamed}) == aoti);
   // The list of runner types holds exactly the available combinations.
   const std::size_t loaders = aoti ? 2 : 1;
-  const std::size_t streams = cuda ? 4 : 3;
-  const std::size_t expected = loaders * 2 * streams * 4;
+  // caller, pool, adaptive, graphed_caller; green and green_complement with CUDA.
+  const std::size_t streams = cuda ? 6 : 4;
+  // Less graphed_caller with streamed, per loader and hook.
+  const std::size_t expected = loaders * 2 * streams * 4 - loaders * 2;
   CHECK(boost::mp11::mp_size<torchloom::available_choices>::value == expected);
 }
 

@@ -1,16 +1,209 @@
 // Model spec: model files and Triton-layout directories, and the errors for bad ones.
 #include "../../support/fixtures.hpp"
+#include "../../support/model_archive.hpp"
 
+#include <torchloom/loader/aoti.hpp>
 #include <torchloom/loader/torchscript.hpp>
+#include <torchloom/model_format.hpp>
 #include <torchloom/model_runner.hpp>
 #include <torchloom/model_spec.hpp>
+#include <torchloom/policy_choice.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
 
 using torchloom::errc;
 using torchloom::model_spec;
 using torchloom_test::temp_dir;
 
 namespace {
+namespace fs = std::filesystem;
 using runner = torchloom::model_runner<torchloom::torchscript_loader>;
+
+// A zip archive written byte by byte, for what torch's writer never makes: ZIP64 records,
+// compressed entries, a comment after the directory.
+struct zip_record {
+  std::string name;
+  std::string data;
+  std::uint16_t method = 0;
+};
+
+void put(std::string& out, std::uint64_t v, int width) {
+  for (int i = 0; i < width; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+std::string make_zip(const std::vector<zip_record>& records, bool zip64,
+                     const std::string& comment = "") {
+  std::string out;
+  std::string directory;
+  for (const auto& r : records) {
+    const std::uint64_t offset = out.size();
+    put(out, 0x04034b50, 4);
+    put(out, 45, 2);
+    put(out, 0, 2);
+    put(out, r.method, 2);
+    put(out, 0, 4);  // time, date
+    put(out, 0, 4);  // crc: not checked by the reader
+    put(out, r.data.size(), 4);
+    put(out, r.data.size(), 4);
+    put(out, r.name.size(), 2);
+    put(out, 0, 2);
+    out += r.name + r.data;
+    put(directory, 0x02014b50, 4);
+    put(directory, 45, 2);
+    put(directory, 45, 2);
+    put(directory, 0, 2);
+    put(directory, r.method, 2);
+    put(directory, 0, 8);
+    put(directory, zip64 ? 0xffffffff : r.data.size(), 4);
+    put(directory, zip64 ? 0xffffffff : r.data.size(), 4);
+    put(directory, r.name.size(), 2);
+    put(directory, zip64 ? 28 : 0, 2);
+    put(directory, 0, 2 + 2 + 2 + 4);
+    put(directory, zip64 ? 0xffffffff : offset, 4);
+    directory += r.name;
+    if (zip64) {
+      put(directory, 1, 2);
+      put(directory, 24, 2);
+      put(directory, r.data.size(), 8);
+      put(directory, r.data.size(), 8);
+      put(directory, offset, 8);
+    }
+  }
+  const std::uint64_t directory_offset = out.size();
+  out += directory;
+  if (zip64) {
+    const std::uint64_t end64 = out.size();
+    put(out, 0x06064b50, 4);
+    put(out, 44, 8);
+    put(out, 45, 2);
+    put(out, 45, 2);
+    put(out, 0, 8);
+    put(out, records.size(), 8);
+    put(out, records.size(), 8);
+    put(out, directory.size(), 8);
+    put(out, directory_offset, 8);
+    put(out, 0x07064b50, 4);
+    put(out, 0, 4);
+    put(out, end64, 8);
+    put(out, 1, 4);
+  }
+  put(out, 0x06054b50, 4);
+  put(out, 0, 4);
+  put(out, zip64 ? 0xffff : records.size(), 2);
+  put(out, zip64 ? 0xffff : records.size(), 2);
+  put(out, zip64 ? 0xffffffff : directory.size(), 4);
+  put(out, zip64 ? 0xffffffff : directory_offset, 4);
+  put(out, comment.size(), 2);
+  return out + comment;
+}
+
+const std::vector<zip_record> package_records = {
+    {"pkg/archive_format", "pt2"}, {"pkg/data/aotinductor/model/m.wrapper.so", "\x7f" "ELF"}};
+}  // namespace
+
+TEST_CASE("model format: told from the archive's entries, not the file's name", "[spec]") {
+  using torchloom::model_format;
+  using torchloom::read_model_format;
+  temp_dir t;
+  auto m = torchloom_test::make_linear();
+  m.save((t / "script.pt2").string());
+  CHECK(read_model_format(t / "script.pt2") == model_format::torchscript);
+  torchloom_test::write_package_layout(t / "package.pt");
+  CHECK(read_model_format(t / "package.pt") == model_format::aoti);
+  // Hand-made archives: ZIP64 records, a comment, a compressed archive_format.
+  torchloom_test::write_file(t / "zip64.pt2", make_zip(package_records, true));
+  CHECK(read_model_format(t / "zip64.pt2") == model_format::aoti);
+  torchloom_test::write_file(t / "comment.pt2", make_zip(package_records, false, "a comment"));
+  CHECK(read_model_format(t / "comment.pt2") == model_format::aoti);
+  auto compressed = package_records;
+  compressed[0].method = 8;
+  compressed[0].data = "\x01\x02";
+  torchloom_test::write_file(t / "compressed.pt2", make_zip(compressed, false));
+  CHECK(read_model_format(t / "compressed.pt2") == model_format::aoti);
+  // archive_format must read pt2; the markers must share a root.
+  auto other_format = package_records;
+  other_format[0].data = "pt3";
+  torchloom_test::write_file(t / "pt3.pt2", make_zip(other_format, false));
+  CHECK(read_model_format(t / "pt3.pt2") == model_format::unknown);
+  torchloom_test::write_file(
+      t / "split.pt2",
+      make_zip({{"a/archive_format", "pt2"}, {"b/data/aotinductor/x", ""}}, false));
+  CHECK(read_model_format(t / "split.pt2") == model_format::unknown);
+  torchloom_test::write_file(
+      t / "code_only.pt", make_zip({{"m/data.pkl", "x"}, {"m/constants.pkl", "x"}}, true));
+  CHECK(read_model_format(t / "code_only.pt") == model_format::unknown);
+  // Not archives, damaged ones, and what is not a file.
+  torchloom_test::write_file(t / "text.pt", "not a zip archive");
+  CHECK(read_model_format(t / "text.pt") == model_format::unknown);
+  const std::string whole = make_zip(package_records, false);
+  torchloom_test::write_file(t / "cut.pt2", whole.substr(0, whole.size() - 10));
+  CHECK(read_model_format(t / "cut.pt2") == model_format::unknown);
+  std::string bad_directory = whole;
+  bad_directory[whole.size() - 6] = '\x7f';  // the directory's offset points elsewhere
+  torchloom_test::write_file(t / "bad.pt2", bad_directory);
+  CHECK(read_model_format(t / "bad.pt2") == model_format::unknown);
+  torchloom_test::write_file(t / "empty.pt2", "");
+  CHECK(read_model_format(t / "empty.pt2") == model_format::unknown);
+  CHECK(read_model_format(t / "absent.pt2") == model_format::unknown);
+  CHECK(read_model_format(t.path()) == model_format::unknown);
+  CHECK(read_model_format("/dev/zero") == model_format::unknown);
+}
+
+TEST_CASE("a model file's platform is its content's, else what a .pt2 name says", "[spec]") {
+  temp_dir t;
+  auto m = torchloom_test::make_linear();
+  m.save((t / "script.pt2").string());
+  torchloom_test::write_package_layout(t / "package.bin");
+  torchloom_test::write_file(t / "garbage.pt2", "x");
+  torchloom_test::write_file(t / "garbage.pt", "x");
+  const auto script = model_spec::from_file(t / "script.pt2");
+  CHECK(script.platform.name == "pytorch_libtorch");
+  CHECK(torchloom::loader_for(script) == torchloom::loader_kind::torchscript);
+  CHECK(torchloom_test::contains(script.platform.reason, "a TorchScript archive"));
+  const auto package = model_spec::from_file(t / "package.bin");
+  CHECK(package.platform.name == "torch_aoti");
+  CHECK(torchloom::loader_for(package) == torchloom::loader_kind::aoti);
+  CHECK(model_spec::from_file(t / "garbage.pt2").platform.name == "torch_aoti");
+  CHECK(model_spec::from_file(t / "garbage.pt").platform.name.empty());
+  CHECK(torchloom::loader_for(model_spec::from_file(t / "garbage.pt")) ==
+        torchloom::loader_kind::torchscript);
+  // A spec made by hand is resolved when asked.
+  model_spec by_hand;
+  by_hand.file = t / "package.bin";
+  CHECK(torchloom::loader_for(by_hand) == torchloom::loader_kind::aoti);
+  model_spec in_directory;
+  std::filesystem::create_directories(t / "v");
+  torchloom_test::write_package_layout(t / "v" / "model.pt2");
+  in_directory.version_directory = t / "v";
+  CHECK(torchloom::loader_for(in_directory) == torchloom::loader_kind::aoti);
+}
+
+TEST_CASE("a runner refuses a model of the other platform, naming both and the fix", "[spec]") {
+  temp_dir t;
+  fs::create_directories(t / "pkg" / "1");
+  torchloom_test::write_package_layout(t / "pkg" / "1" / "model.pt2");
+  torchloom_test::write_file(t / "pkg" / "config.pbtxt",
+                             "name: \"pkg\"\nbackend: \"pytorch\"\nplatform: \"torch_aoti\"\n");
+  CHECK_TORCHLOOM_ERROR(runner(model_spec::from_directory(t / "pkg")), errc::invalid_option,
+                        "model 'pkg'", (t / "pkg" / "config.pbtxt").string() + ":3:",
+                        "platform 'torch_aoti' calls for an AOTInductor package",
+                        "this runner's loader reads a TorchScript archive (platform "
+                        "'pytorch_libtorch')",
+                        "use model_runner<aoti_loader, ...>", "torchloom::loader_for(spec)");
+  // The file alone: its content decides.
+  CHECK_TORCHLOOM_ERROR(runner(model_spec::from_file(t / "pkg" / "1" / "model.pt2")),
+                        errc::invalid_option, "the file 'model.pt2', an AOTInductor package",
+                        "use model_runner<aoti_loader, ...>");
+#if TORCHLOOM_TORCH_VERSION >= 20600
+  auto m = torchloom_test::make_linear();
+  torchloom_test::write_triton_model(t / "script", m, "platform: \"libtorch\"\n");
+  CHECK_TORCHLOOM_ERROR(
+      torchloom::model_runner<torchloom::aoti_loader>(model_spec::from_directory(t / "script")),
+      errc::invalid_option, ":1: platform 'libtorch' calls for a TorchScript archive",
+      "this runner's loader reads an AOTInductor package", "use model_runner<torchscript_loader");
+#endif
 }
 
 TEST_CASE("a missing model file names the path", "[spec]") {

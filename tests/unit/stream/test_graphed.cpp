@@ -14,6 +14,11 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/cuda.h>
 
+#if TORCHLOOM_HAS_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime_api.h>
+#endif
+
 #include <stdlib.h>
 
 #include <atomic>
@@ -89,6 +94,15 @@ at::Tensor input(std::int64_t batch, int seed, c10::Device device = gpu) {
 bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
   return a.sizes() == b.sizes() && a.dtype() == b.dtype() && torch::equal(a.cpu(), b.cpu());
 }
+
+#if TORCHLOOM_HAS_CUDA
+// Bytes of torch's caching allocator on cuda:0 in blocks that are not free: handed out, or
+// given back but waiting (for events on the streams that used them) to be reused.
+std::int64_t active_bytes() {
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+  return stats.active_bytes[0].current;
+}
+#endif
 
 }  // namespace
 
@@ -429,4 +443,151 @@ TEST_CASE("CUDA: graphed replays are bitwise the eager run, AOTInductor",
   CHECK(s.uncapturable == 0);
   CHECK(s.replays > 0);
 #endif
+}
+
+// A replay whose launch went out and which then failed (an output that cannot be allocated,
+// a copy that fails; here the test switch torchloom::detail::fail_next_replay_after_launch)
+// must still be the one the next replay waits for: otherwise the next replay, on another
+// stream, writes the graph's buffers while the failed one still runs in them.
+TEST_CASE("CUDA: a replay that fails after its launch still orders the next replay after it",
+          "[stream][graphs][cuda][hazards]") {
+  TORCHLOOM_REQUIRE_CUDA();
+#if TORCHLOOM_CUDA_GRAPHS
+  model_dir m(torchloom_test::make_slow_chain());
+  ts_runner<torchloom::caller_stream> plain(m.spec(), gpu);
+  ts_runner<graphed<torchloom::caller_stream>> g(m.spec(), gpu);
+  const c10::Stream a = pool_cuda_stream();
+  const c10::Stream b = pool_cuda_stream();
+  REQUIRE(a != b);
+  const auto transposed = [](int seed) {
+    torch::manual_seed(seed);
+    return torch::rand({2048, 2048}, torch::kCUDA).t();
+  };
+  const auto x1 = transposed(1);
+  const auto x2 = transposed(2);
+  const auto expected = plain.run({x2})[0];
+  {
+    c10::StreamGuard on(a);
+    for (int i = 0; i < 3; ++i) (void)g.run({x1});
+  }
+  torch::cuda::synchronize();
+  REQUIRE(g.stream().stats().replays == 1);
+  {
+    c10::StreamGuard on(a);
+    torchloom::detail::fail_next_replay_after_launch = true;
+    CHECK_THROWS_AS(g.run({x1}), torchloom::error);
+    CHECK_FALSE(torchloom::detail::fail_next_replay_after_launch);
+  }
+  at::Tensor got;
+  {
+    c10::StreamGuard on(b);
+    got = g.run({x2})[0];
+  }
+  torch::cuda::synchronize();
+  CHECK(bitwise_equal(got, expected));
+  CHECK(bitwise_equal(g.run({x2})[0], expected));
+#endif
+}
+
+// An expanded input has stride 0: a graph's input buffer must be dense, or copying into it
+// fails. Another non-contiguous layout of the same shape is a signature of its own.
+TEST_CASE("CUDA: graphed takes broadcast (expanded) inputs; each layout replays correctly",
+          "[stream][graphs][cuda][hazards]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  model_dir m(make_mlp());
+  ts_runner<torchloom::caller_stream> plain(m.spec(), gpu);
+  ts_runner<graphed<torchloom::caller_stream>> g(m.spec(), gpu);
+  const auto expanded = input(1, 3).expand({8, 64});
+  const auto dense = expanded.contiguous();
+  for (int i = 0; i < 6; ++i) {
+    INFO("run " << i);
+    CHECK(bitwise_equal(g.run({expanded})[0], plain.run({dense})[0]));
+    CHECK(bitwise_equal(g.run_tensors({expanded})[0], plain.run({dense})[0]));
+  }
+  auto s = g.stream().stats();
+  CHECK(s.uncapturable == 0);
+  CHECK(s.captures == 1);
+  CHECK(s.replays == 12 - torchloom::graph_eager_runs_before_capture);
+  torch::manual_seed(4);
+  const auto transposed = torch::randn({64, 8}, torch::kCUDA).t();
+  for (int i = 0; i < 4; ++i) {
+    INFO("transposed run " << i);
+    CHECK(bitwise_equal(g.run({transposed})[0], plain.run({transposed})[0]));
+  }
+  s = g.stream().stats();
+  CHECK(s.captures == 2);
+  CHECK(s.uncapturable == 0);
+}
+
+// torch (up to 2.11) leaves its caching allocator routing to the graph's pool when a capture
+// fails at its end: from then on every block used on a second stream (each pool_stream output
+// is recorded on the caller's) waits for a capture that never ends, and is never freed.
+TEST_CASE("CUDA: after a failed capture blocks used on two streams are freed again",
+          "[stream][graphs][cuda][capture-fails][hazards]") {
+  TORCHLOOM_REQUIRE_CUDA();
+#if TORCHLOOM_HAS_CUDA
+  model_dir sync(make_host_sync());
+  ts_runner<graphed<torchloom::caller_stream>> g(sync.spec(), gpu);
+  for (int i = 0; i < 4; ++i) (void)g.run({input(4, i)});
+  REQUIRE(g.stream().stats().uncapturable == 1);
+  model_dir m(make_mlp());
+  ts_runner<torchloom::pool_stream> p(m.spec(), gpu);
+  const auto x = input(8, 1);
+  for (int i = 0; i < 100; ++i) (void)p.run({x});
+  torch::cuda::synchronize();
+  const std::int64_t before = active_bytes();
+  for (int i = 0; i < 10000; ++i) (void)p.run({x});
+  torch::cuda::synchronize();
+  (void)p.run({x});  // the allocator takes back what waited for events
+  torch::cuda::synchronize();
+  const std::int64_t grown = active_bytes() - before;
+  INFO("active bytes grew by " << grown << " over 10000 runs");
+  CHECK(grown < (1 << 20));
+#endif
+}
+
+// The least recently used entry goes to make room, but a captured graph never goes for a
+// signature seen once: one-off shapes must not cost the graphs that are replayed.
+TEST_CASE("CUDA: one-off input shapes do not push captured graphs out",
+          "[stream][graphs][cuda][hazards]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  model_dir m(make_mlp());
+  auto spec = m.spec();
+  spec.set("CUDA_GRAPH_MAX_SHAPES", "2");
+  ts_runner<torchloom::caller_stream> plain(m.spec(), gpu);
+  ts_runner<graphed<torchloom::caller_stream>> g(spec, gpu);
+  for (const std::int64_t batch : {4, 8}) {
+    for (int i = 0; i < 3; ++i) (void)g.run({input(batch, i)});
+  }
+  REQUIRE(g.stream().stats().cached_graphs == 2);
+  for (const std::int64_t batch : {1, 2, 3, 5, 6, 7}) {
+    CHECK(bitwise_equal(g.run({input(batch, 9)})[0], plain.run({input(batch, 9)})[0]));
+  }
+  auto s = g.stream().stats();
+  CHECK(s.cached_graphs == 2);
+  CHECK(s.evictions == 0);
+  const auto replays = s.replays;
+  CHECK(bitwise_equal(g.run({input(4, 11)})[0], plain.run({input(4, 11)})[0]));
+  CHECK(bitwise_equal(g.run({input(8, 12)})[0], plain.run({input(8, 12)})[0]));
+  s = g.stream().stats();
+  CHECK(s.replays == replays + 2);
+  CHECK(s.captures == 2);
+  // A third signature replayed as often takes the place of the least recently used graph.
+  for (int i = 0; i < 3; ++i) (void)g.run({input(16, i)});
+  s = g.stream().stats();
+  CHECK(s.captures == 3);
+  CHECK(s.cached_graphs == 2);
+  CHECK(s.evictions == 1);
+}
+
+TEST_CASE("graphed refuses ENABLE_CACHE_CLEANING: emptying the cache after every run "
+          "synchronises the device and breaks a capture on another thread",
+          "[stream][graphs]") {
+  model_dir m(make_mlp());
+  auto spec = m.spec();
+  spec.set("ENABLE_CACHE_CLEANING", "true");
+  CHECK_TORCHLOOM_ERROR((ts_runner<graphed<torchloom::caller_stream>>(spec)),
+                        torchloom::errc::invalid_option, "ENABLE_CACHE_CLEANING", "graphed");
+  // Without graphed it is a plain option.
+  CHECK_NOTHROW(ts_runner<torchloom::caller_stream>(spec));
 }

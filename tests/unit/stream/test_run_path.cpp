@@ -264,3 +264,76 @@ TEST_CASE("CUDA: a pool_stream run keeps its inputs' memory until the caller's s
     CHECK(torch::equal(out.cpu(), expected));
   }
 }
+
+// `{ runner r; out = r.run(x); }` and then another load: the runner must not give its weights
+// back to the allocator (which hands them to the next load's weights at once) while the run
+// that reads them is still queued, whichever stream it is queued on.
+TEMPLATE_TEST_CASE("CUDA: a runner destroyed right after its run leaves the run's outputs "
+                   "intact when another model loads",
+                   "[stream][cuda][hazards]", torchloom::caller_stream, torchloom::pool_stream,
+                   torchloom::graphed<torchloom::pool_stream>) {
+  TORCHLOOM_REQUIRE_CUDA();
+  const c10::Device gpu("cuda:0");
+  temp_dir t;
+  auto first = torchloom_test::make_slow_chain(2048, 30, 1);
+  auto second = torchloom_test::make_slow_chain(2048, 30, 2);
+  torchloom_test::write_triton_model(t / "first", first);
+  torchloom_test::write_triton_model(t / "second", second);
+  torch::manual_seed(7);
+  const auto x = torch::rand({2048, 2048}, torch::kCUDA);
+  at::Tensor expected;
+  {
+    runner<torchloom::torchscript_loader, torchloom::caller_stream> ref(
+        model_spec::from_directory(t / "first"), gpu);
+    expected = ref.run({x})[0];
+  }
+  const c10::Stream caller = torchloom_test::pool_cuda_stream();
+  for (int round = 0; round < 3; ++round) {
+    INFO("round " << round);
+    torch::cuda::synchronize();
+    at::Tensor out;
+    {
+      // Loaded on the current (default) stream; run from another caller stream.
+      runner<torchloom::torchscript_loader, TestType> r(model_spec::from_directory(t / "first"),
+                                                        gpu);
+      const c10::StreamGuard on(caller);
+      for (int i = 0; i < 3; ++i) out = r.run({x})[0];  // a graphed runner replays the third
+    }
+    // The next model's weights, of the same size, are copied in on the default stream.
+    runner<torchloom::torchscript_loader, torchloom::caller_stream> next(
+        model_spec::from_directory(t / "second"), gpu);
+    torch::cuda::synchronize();
+    CHECK(torch::equal(out, expected));
+  }
+}
+
+// A run that fails after its kernels went out must still order the caller's stream after
+// them: the inputs it held go back to the caller's pool, and the caller's next kernels must
+// not overwrite them while the failed run's kernels still read them.
+TEST_CASE("CUDA: a pool_stream run that throws after launching still fences the caller",
+          "[stream][cuda][hazards]") {
+  TORCHLOOM_REQUIRE_CUDA();
+  const c10::Device gpu("cuda:0");
+  temp_dir t;
+  torch::jit::Module m("fails_late");
+  m.register_parameter("w", torch::randn({2048, 2048}) / 45.0, false);
+  m.define(R"(
+def forward(self, x):
+    y = x
+    for _ in range(30):
+        y = torch.tanh(torch.matmul(y, self.w))
+    assert y.size(0) == 1, "fails after launching its kernels"
+    return y
+)");
+  m.save((t / "fails_late.pt").string());
+  runner<torchloom::torchscript_loader, torchloom::pool_stream> r(
+      model_spec::from_file(t / "fails_late.pt"), gpu);
+  const c10::Stream caller = torchloom_test::pool_cuda_stream();
+  const c10::StreamGuard on(caller);
+  const auto x = torch::rand({2048, 2048}, torch::kCUDA);
+  torch::cuda::synchronize();
+  CHECK_THROWS_AS(r.run({x}), torchloom::error);
+  // The caller's stream waits for the run's kernels (milliseconds of them): it cannot be idle.
+  CHECK_FALSE(caller.query());
+  torch::cuda::synchronize();
+}

@@ -2,7 +2,10 @@
 // of Triton's PyTorch backend, instance_group devices, KIND_MODEL, inputs and outputs by
 // name, model_warmup, and hostile configs and model directories.
 #include "../../support/fixtures.hpp"
+#include "../../support/model_archive.hpp"
 
+#include <torchloom/detail/json.hpp>
+#include <torchloom/loader/aoti_call_spec.hpp>
 #include <torchloom/torchloom.hpp>
 
 #include <ATen/Parallel.h>
@@ -13,6 +16,7 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -38,6 +42,10 @@ struct expectation {
   std::string code = "ok";
   std::size_t line = 0;
   std::vector<std::string> messages;
+  std::vector<std::string> files;  // "PATH KIND": made in the model directory first
+  std::optional<std::string> platform;    // the resolved platform ("none": not decided)
+  std::optional<std::string> model_file;  // the model file, relative to the model directory
+  std::optional<std::string> loader;      // what loader_for says
 };
 
 expectation expectation_of(const std::string& text) {
@@ -51,8 +59,32 @@ expectation expectation_of(const std::string& text) {
     if (auto v = value("# expect: ")) e.code = *v;
     if (auto v = value("# line: ")) e.line = std::stoul(*v);
     if (auto v = value("# message: ")) e.messages.push_back(*v);
+    if (auto v = value("# file: ")) e.files.push_back(*v);
+    if (auto v = value("# platform: ")) e.platform = *v;
+    if (auto v = value("# model-file: ")) e.model_file = *v;
+    if (auto v = value("# loader: ")) e.loader = *v;
   }
   return e;
+}
+
+// Makes `<dir>/PATH` as `KIND` says: a TorchScript archive, an AOTInductor package's layout,
+// an empty file, or a directory.
+void make_corpus_file(const fs::path& dir, const std::string& line) {
+  const auto space = line.find(' ');
+  REQUIRE(space != std::string::npos);
+  const fs::path path = dir / line.substr(0, space);
+  const std::string kind = line.substr(space + 1);
+  fs::create_directories(path.parent_path());
+  if (kind == "torchscript") {
+    torchloom_test::make_linear().save(path.string());
+  } else if (kind == "aoti") {
+    torchloom_test::write_package_layout(path);
+  } else if (kind == "empty") {
+    torchloom_test::write_file(path, "");
+  } else {
+    REQUIRE(kind == "dir");
+    fs::create_directories(path);
+  }
 }
 
 // x -> x * 2 + y, with argument names x and y, returning (sum, x).
@@ -81,16 +113,27 @@ TEST_CASE("config corpus: every file loads or fails as Triton would, naming fiel
     fs::create_directories(dir / "1");
     { std::ofstream(dir / "config.pbtxt", std::ios::binary) << text; }
     INFO("config " << entry.path().filename().string());
+    for (const auto& f : want.files) make_corpus_file(dir, f);
     if (want.code == "ok") {
-      CHECK_NOTHROW(model_spec::from_directory(dir));
+      std::optional<model_spec> spec;
+      CHECK_NOTHROW(spec.emplace(model_spec::from_directory(dir)));
+      if (!spec) continue;
+      if (want.platform) {
+        CHECK(spec->platform.name == (*want.platform == "none" ? "" : *want.platform));
+      }
+      if (want.model_file) {
+        CHECK(spec->model_file(spec->platform.default_filename()) == dir / *want.model_file);
+      }
+      if (want.loader) CHECK(torchloom::to_string(torchloom::loader_for(*spec)) == *want.loader);
       continue;
     }
     const auto e = torchloom_test::capture_error([&] { (void)model_spec::from_directory(dir); });
     INFO(e.what());
     CHECK(std::string(torchloom::to_string(e.code())) == want.code);
+    // A platform decided by the version directory's files has no line to name.
     const std::string where =
         (dir / "config.pbtxt").string() + ":" + std::to_string(want.line) + ":";
-    CHECK(torchloom_test::contains(e.what(), where));
+    if (want.line > 0) CHECK(torchloom_test::contains(e.what(), where));
     for (const auto& m : want.messages) {
       INFO("expected in the message: " << m);
       CHECK(torchloom_test::contains(e.what(), m));
@@ -183,7 +226,7 @@ TEST_CASE("a JSON configuration is checked as a config.pbtxt is, naming its fiel
                         errc::invalid_option, "exclude each other");
   // Not JSON at all: where and why.
   CHECK_TORCHLOOM_ERROR(parse(R"({"name":"m",})"), errc::invalid_option,
-                        "the model configuration: not valid JSON at offset");
+                        "the model configuration: not valid JSON: ", "at byte 12");
   CHECK_TORCHLOOM_ERROR(parse(R"({"name":"m","name":"n"})"), errc::invalid_option,
                         "'name' is given twice");
   CHECK_TORCHLOOM_ERROR(parse(R"({"name":"a\ud800"})"), errc::invalid_option, "surrogate");
@@ -694,4 +737,253 @@ def forward(self, d: Dict[str, Tensor]):
   const auto out = rd.run({in})[0];
   CHECK(out.device() == gpu0);
   CHECK(torch::equal(out.cpu(), torch::full({2}, 2.0)));
+}
+
+// ---------------------------------------------------------------------------------------
+// Forward-based names (Triton 26.05's, for AOTInductor packages) through the runner: a
+// TorchScript stand-in with the inputs and outputs of Triton's README example, and a loader
+// that names them from that model's real call spec, so run_named and the config's names are
+// checked without a GPU or a compiled package.
+
+namespace {
+
+// The call spec torch 2.11 wrote for a model (tests/data/aoti/call_specs.json).
+torchloom::io_names call_spec_names(const std::string& model) {
+  static const auto models = [] {
+    const std::string text = read_text(fs::path(TORCHLOOM_TEST_DATA_DIR) / "aoti" /
+                                       "call_specs.json");
+    return *torchloom::detail::parse_json(text).find("models");
+  }();
+  const auto* m = models.find(model);
+  REQUIRE(m != nullptr);
+  std::vector<std::string> inputs;
+  for (const auto& n : m->find("package_inputs")->items) inputs.push_back(n.text);
+  return torchloom::detail::name_call_spec({m->find("in_spec")->text, m->find("out_spec")->text},
+                                           inputs, std::stoul(m->find("package_outputs")->text));
+}
+
+// Triton's README model: six tensor inputs (hdata, vdata, options' keyA and key2, kwarg1,
+// kw_arg2) and eight outputs in its dict's order (AAA, ZZZ, BBB[0], BBB[1], CCC[keyA],
+// CCC[key2], DDD[KA], DDD[KB]).
+torch::jit::Module readme_stand_in() {
+  torch::jit::Module m("readme");
+  m.define(R"(
+def forward(self, hdata, vdata, options_keya, options_key2, kwarg1, kw_arg2):
+    return (hdata + vdata, hdata - vdata, hdata * 2, vdata * 3, options_keya + 1,
+            options_key2 * 2, kwarg1 + hdata, kw_arg2 - vdata)
+)");
+  return m;
+}
+
+struct readme_loader : torchloom::torchscript_loader {
+  torchloom::io_names names(const model_type&) const { return call_spec_names("triton_example"); }
+};
+struct gpt2_loader : torchloom::torchscript_loader {
+  torchloom::io_names names(const model_type&) const { return call_spec_names("gpt2_kwargs"); }
+};
+
+// What each output must be, in the call spec's order, for inputs 1..6.
+std::vector<at::Tensor> readme_expected(const std::vector<at::Tensor>& in) {
+  return {in[0] + in[1], in[0] - in[1], in[0] * 2, in[1] * 3,
+          in[2] + 1,     in[3] * 2,     in[4] + in[0], in[5] - in[1]};
+}
+
+const std::vector<std::string> readme_inputs = {"ARGS[0]",        "ARGS[1]",
+                                                "ARGS[2][keyA]",  "ARGS[2][key2]",
+                                                "KWARGS[kwarg1]", "KWARGS[kw_arg2]"};
+const std::vector<std::string> readme_outputs = {
+    "RESULT[AAA]",       "RESULT[ZZZ]",       "RESULT[BBB][0]",  "RESULT[BBB][1]",
+    "RESULT[CCC][keyA]", "RESULT[CCC][key2]", "RESULT[DDD][KA]", "RESULT[DDD][KB]"};
+
+// A torch_aoti config with the stand-in: the spec says torch_aoti (so the names are strict)
+// but the platform the runner checks is left open, as the stand-in is TorchScript.
+model_spec strict_spec(const fs::path& dir) {
+  model_spec spec = model_spec::from_directory(dir);
+  spec.config->platform = "torch_aoti";
+  spec.platform = {};
+  return spec;
+}
+
+}  // namespace
+
+TEST_CASE("forward-based names: run_named by ARGS/KWARGS/INPUT__i, outputs by the config's names",
+          "[triton][runner][names]") {
+  using readme_runner = torchloom::model_runner<readme_loader>;
+  temp_dir t;
+  auto m = readme_stand_in();
+  // Triton's README config (the corpus's): outputs listed alphabetically, not in the
+  // package's order; here in float32 and on the CPU, without the platform line (set below).
+  std::string config = read_text(fs::path(TORCHLOOM_TEST_DATA_DIR) / "configs" /
+                                 "36_torch_aoti_forward_names.pbtxt");
+  const std::string platform_line = "\nplatform: \"torch_aoti\"\n";
+  config.erase(config.find(platform_line), platform_line.size() - 1);
+  config.erase(config.find("instance_group"));
+  for (auto at = config.find("TYPE_FP16"); at != std::string::npos; at = config.find("TYPE_FP16")) {
+    config.replace(at, 9, "TYPE_FP32");
+  }
+  torchloom_test::write_triton_model(t / "m", m, config);
+  std::vector<at::Tensor> in;
+  for (int i = 0; i < 6; ++i) in.push_back(torch::rand({1, 16}));
+  const auto want = readme_expected(in);
+  readme_runner r(strict_spec(t / "m"));
+  CHECK(r.names().inputs == readme_inputs);
+  CHECK(r.names().outputs == readme_outputs);
+  // The config's dtype and dims reached each input through its forward-based name.
+  for (const auto& s : r.inputs()) {
+    CHECK(s.dtype == c10::ScalarType::Float);
+    CHECK(s.shape == std::vector<std::int64_t>{1, 16});
+  }
+  std::map<std::string, c10::IValue> by_name;
+  std::map<std::string, c10::IValue> by_ordinal;
+  for (std::size_t i = 0; i < 6; ++i) {
+    by_name[readme_inputs[i]] = in[i];
+    by_ordinal["INPUT__" + std::to_string(i)] = in[i];
+  }
+  for (const auto& named : {r.run_named(by_name), r.run_named(by_ordinal)}) {
+    REQUIRE(named.size() == 8);
+    for (std::size_t i = 0; i < 8; ++i) {
+      INFO(readme_outputs[i]);
+      CHECK(torch::equal(named.at(readme_outputs[i]).toTensor(), want[i]));
+    }
+  }
+  // run() takes and returns them flat, in the call spec's order.
+  std::vector<c10::IValue> flat(in.begin(), in.end());
+  const auto out = r.run(flat);
+  REQUIRE(out.size() == 8);
+  for (std::size_t i = 0; i < 8; ++i) CHECK(torch::equal(out[i], want[i]));
+  // The positions a server maps a request's names to.
+  CHECK(r.input_index("ARGS[2][key2]") == 3u);
+  CHECK(r.input_index("KWARGS[kw_arg2]") == 5u);
+  CHECK(r.input_index("INPUT__4") == 4u);
+  CHECK(r.input_index("hdata") == 0u);  // the graph input's own name
+  CHECK_FALSE(r.input_index("ARGS[2]"));
+  CHECK(r.output_index("RESULT[ZZZ]") == 1u);
+  CHECK(r.output_index("OUTPUT__1") == 1u);
+  CHECK(r.output_index("RESULT[DDD][KB]") == 7u);
+  CHECK_FALSE(r.output_index("OUTPUT__8"));
+  CHECK_FALSE(r.output_index("RESULT[BBB]"));
+  // Bad names: what the package has instead.
+  auto missing = by_name;
+  missing.erase("ARGS[1]");
+  CHECK_TORCHLOOM_ERROR(r.run_named(missing), errc::bad_input,
+                        "no value for input 1 ('vdata'), ARGS[1]");
+  auto typo = by_name;
+  typo["ARGS[2][keya]"] = typo.at("ARGS[2][keyA]");
+  typo.erase("ARGS[2][keyA]");
+  CHECK_TORCHLOOM_ERROR(r.run_named(typo), errc::bad_input, "no input is called 'ARGS[2][keya]'",
+                        "did you mean 'ARGS[2][keyA]'");
+}
+
+TEST_CASE("forward-based names: a torch_aoti config naming what the package lacks fails the load",
+          "[triton][runner][names]") {
+  using readme_runner = torchloom::model_runner<readme_loader>;
+  temp_dir t;
+  auto m = readme_stand_in();
+  const auto write = [&](const std::string& name, const std::string& io) {
+    torchloom_test::write_triton_model(t / name, m, "name: \"" + name + "\"\n" + io);
+    return strict_spec(t / name);
+  };
+  CHECK_TORCHLOOM_ERROR(
+      readme_runner(write("out", R"(output [ { name: "RESULT[AAB]" data_type: TYPE_FP16 } ])")),
+      errc::invalid_option, "model 'out'", "declares output 'RESULT[AAB]'",
+      "its outputs are 'RESULT[AAA]', 'RESULT[ZZZ]'", "(or OUTPUT__0 to OUTPUT__7)",
+      "did you mean 'RESULT[AAA]'");
+  CHECK_TORCHLOOM_ERROR(
+      readme_runner(write("ord", R"(output [ { name: "OUTPUT__8" data_type: TYPE_FP16 } ])")),
+      errc::invalid_option, "declares output 'OUTPUT__8'");
+  // Triton's names only: a position or a NAME__i suffix is not enough under torch_aoti.
+  CHECK_TORCHLOOM_ERROR(
+      readme_runner(write("pos", R"(output [ { name: "sum__0" data_type: TYPE_FP16 } ])")),
+      errc::invalid_option, "declares output 'sum__0'");
+  CHECK_TORCHLOOM_ERROR(
+      readme_runner(write("in", R"(input [ { name: "ARGS[3]" data_type: TYPE_FP16 } ])")),
+      errc::invalid_option, "declares input 'ARGS[3]'", "its inputs are 'ARGS[0]'",
+      "(or INPUT__0 to INPUT__5)");
+  CHECK_TORCHLOOM_ERROR(
+      readme_runner(write("in6", R"(input [ { name: "INPUT__6" data_type: TYPE_FP16 } ])")),
+      errc::invalid_option, "declares input 'INPUT__6'");
+  // A subset of the outputs, in any order, ordinal and forward-based mixed: fine.
+  readme_runner subset(write("subset", R"(output [
+  { name: "RESULT[DDD][KB]" data_type: TYPE_FP16 },
+  { name: "OUTPUT__0" data_type: TYPE_FP16 } ])"));
+  std::vector<c10::IValue> in;
+  for (int i = 0; i < 6; ++i) in.emplace_back(torch::full({2}, i + 1.0));
+  std::map<std::string, c10::IValue> named;
+  for (std::size_t i = 0; i < 6; ++i) named["INPUT__" + std::to_string(i)] = in[i];
+  const auto out = subset.run_named(named);
+  CHECK(torch::equal(out.at("OUTPUT__0").toTensor(), torch::full({2}, 3.0)));
+  CHECK(torch::equal(out.at("RESULT[DDD][KB]").toTensor(), torch::full({2}, 4.0)));
+  CHECK(out.count("RESULT[ZZZ]") == 1);  // the others under their forward-based names
+  CHECK(out.count("RESULT[AAA]") == 0);
+}
+
+TEST_CASE("forward-based names: torchloom's own configs may still go by position",
+          "[triton][runner][names]") {
+  using readme_runner = torchloom::model_runner<readme_loader>;
+  temp_dir t;
+  auto m = readme_stand_in();
+  // No platform line (torchloom_export.py's configs): output0.. by position, as before.
+  std::string outputs = "output [\n";
+  for (int i = 0; i < 8; ++i) {
+    outputs += std::string(i ? ",\n" : "") + "  { name: \"output" + std::to_string(i) +
+               "\" data_type: TYPE_FP32 }";
+  }
+  torchloom_test::write_triton_model(t / "own", m, "backend: \"torchloom\"\n" + outputs + "\n]\n");
+  readme_runner own(model_spec::from_directory(t / "own"));
+  std::map<std::string, c10::IValue> named;
+  for (int i = 0; i < 6; ++i) named[readme_inputs[i]] = torch::full({1}, i + 1.0);
+  const auto out = own.run_named(named);
+  CHECK(torch::equal(out.at("output1").toTensor(), torch::full({1}, -1.0)));  // ZZZ: 1 - 2
+  CHECK(own.output_index("RESULT[ZZZ]") == 1u);
+  CHECK(own.output_index("output1") == 1u);
+  // But a forward-based name the package lacks never falls back to a position.
+  torchloom_test::write_triton_model(
+      t / "bad", m, "backend: \"torchloom\"\noutput [ { name: \"RESULT[nope]\" } ]\n");
+  CHECK_TORCHLOOM_ERROR(readme_runner(model_spec::from_directory(t / "bad")),
+                        errc::invalid_option, "declares output 'RESULT[nope]'");
+  // Without a config: each output under its forward-based name.
+  torchloom_test::write_triton_model(t / "bare", m);
+  readme_runner bare(model_spec::from_directory(t / "bare"));
+  const auto plain = bare.run_named(named);
+  REQUIRE(plain.size() == 8);
+  for (const auto& n : readme_outputs) CHECK(plain.count(n) == 1);
+}
+
+TEST_CASE("forward-based names: a value torch fixed at export is not an input", "[triton][names]") {
+  using gpt2_runner = torchloom::model_runner<gpt2_loader>;
+  temp_dir t;
+  auto m = torchloom_test::make_linear();
+  torchloom_test::write_triton_model(t / "m", m);
+  gpt2_runner r(model_spec::from_directory(t / "m"));
+  CHECK(r.names().inputs == std::vector<std::string>{"KWARGS[input_ids]"});
+  const auto x = torch::rand({2, 8});
+  CHECK(r.run_named({{"KWARGS[input_ids]", x}}).count("RESULT[logits]") == 1);
+  CHECK_TORCHLOOM_ERROR(r.run_named({{"KWARGS[input_ids]", x}, {"KWARGS[use_cache]", x}}),
+                        errc::bad_input, "no input is called 'KWARGS[use_cache]'",
+                        "fixed when the model was exported");
+  torchloom_test::write_triton_model(t / "c", m, R"(
+input [ { name: "KWARGS[use_cache]" data_type: TYPE_BOOL dims: [ 1 ] } ]
+)");
+  CHECK_TORCHLOOM_ERROR(gpt2_runner(model_spec::from_directory(t / "c")), errc::invalid_option,
+                        "declares input 'KWARGS[use_cache]'", "fixed when the model was exported");
+}
+
+TEST_CASE("config corpus: Triton's torch_aoti configs keep their names", "[triton][spec]") {
+  const fs::path corpus = fs::path(TORCHLOOM_TEST_DATA_DIR) / "configs";
+  const auto c =
+      torchloom::parse_triton_config(read_text(corpus / "36_torch_aoti_forward_names.pbtxt"));
+  CHECK(c.platform == "torch_aoti");
+  CHECK(c.backend == "pytorch");
+  CHECK(c.platform_line == 11);
+  REQUIRE(c.inputs.size() == 6);
+  CHECK(c.inputs[2].name == "ARGS[2][keyA]");
+  CHECK(c.inputs[5].name == "KWARGS[kw_arg2]");
+  REQUIRE(c.outputs.size() == 8);
+  CHECK(c.outputs[1].name == "RESULT[BBB][0]");
+  CHECK(c.outputs[7].name == "RESULT[ZZZ]");
+  const auto o =
+      torchloom::parse_triton_config(read_text(corpus / "37_torch_aoti_ordinal_names.pbtxt"));
+  CHECK(o.inputs[0].name == "INPUT__0");
+  CHECK(o.outputs[0].name == "OUTPUT__0");
+  CHECK(o.max_batch_size == 8);
 }

@@ -1,0 +1,81 @@
+#pragma once
+// Client load for the serving benchmarks: rounds of N client threads each sending requests
+// back to back, the latency of every request, and the counters a side of a comparison
+// reports (p50, p99, requests/s).
+#include "stats.hpp"
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace torchloom_bench {
+
+//! What one side of a comparison has measured so far: every request's latency (µs), and the
+//! wall time and request count of its rounds.
+struct client_samples {
+  std::vector<double> us;
+  double seconds = 0.0;
+  std::int64_t requests = 0;
+  std::string error;  //!< the first request that failed, if one did
+};
+
+//! One round: `threads` client threads, each calling `request(thread, i)` for i < `per_thread`
+//! back to back; adds every call's latency, the round's wall time and its requests to `into`.
+//! A call that throws ends its thread's round and is recorded in `into.error`.
+template <class Request>
+void client_round(int threads, int per_thread, Request&& request, client_samples& into) {
+  std::mutex mutex;
+  std::vector<std::thread> clients;
+  std::vector<double> all;
+  all.reserve(static_cast<std::size_t>(threads) * static_cast<std::size_t>(per_thread));
+  std::string error;
+  const auto start = std::chrono::steady_clock::now();
+  for (int t = 0; t < threads; ++t) {
+    clients.emplace_back([&, t] {
+      std::vector<double> mine;
+      mine.reserve(static_cast<std::size_t>(per_thread));
+      std::string failed;
+      for (int i = 0; i < per_thread; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          request(t, i);
+        } catch (const std::exception& e) {
+          failed = e.what();
+          break;
+        }
+        mine.push_back(
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                .count());
+      }
+      std::lock_guard lock(mutex);
+      all.insert(all.end(), mine.begin(), mine.end());
+      if (error.empty()) error = failed;
+    });
+  }
+  for (auto& c : clients) c.join();
+  into.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  into.requests += static_cast<std::int64_t>(all.size());
+  into.us.insert(into.us.end(), all.begin(), all.end());
+  if (into.error.empty()) into.error = error;
+}
+
+//! Sets the counters of one side: `<label>_p50_us`, `<label>_p99_us` (nearest rank over every
+//! request) and `<label>_rps` (requests per second of its rounds' wall time). Plain values.
+inline void set_client_counters(benchmark::State& state, const std::string& label,
+                                client_samples& s) {
+  std::sort(s.us.begin(), s.us.end());
+  using counter = benchmark::Counter;
+  state.counters[label + "_p50_us"] = counter(nearest_rank(s.us, 0.50), counter::kDefaults);
+  state.counters[label + "_p99_us"] = counter(nearest_rank(s.us, 0.99), counter::kDefaults);
+  state.counters[label + "_rps"] = counter(
+      s.seconds > 0.0 ? static_cast<double>(s.requests) / s.seconds : 0.0, counter::kDefaults);
+}
+
+}  // namespace torchloom_bench
