@@ -23,6 +23,9 @@
 #include "triton/core/tritonbackend.h"
 
 #if TORCHLOOM_HAS_CUDA
+#include <torchloom/cuda/event.hpp>
+#include <torchloom/cuda/stream_lease.hpp>
+
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -589,6 +592,14 @@ class instance_state : public tb::BackendModelInstance {
                   "ENABLE_CACHE_CLEANING on a CUDA device needs a backend built with "
                   "torchloom::cuda (TORCHLOOM_HAS_CUDA)");
     }
+#if TORCHLOOM_HAS_CUDA
+    if (device_.is_cuda()) {
+      // torch's work runs on a stream that outlives the instance (see run_group).
+      run_stream_ = cuda::stream_lease(name, device_.index());
+      const c10::cuda::CUDAGuard guard(device_);
+      fence_ = cuda::event(name);
+    }
+#endif
     bind_inputs();
     bind_outputs();
   }
@@ -756,13 +767,34 @@ class instance_state : public tb::BackendModelInstance {
   void wait_for_device() {
 #if TORCHLOOM_HAS_CUDA
     if (!device_.is_cuda()) return;
-#ifdef TRITON_ENABLE_GPU
-    if (CudaStream() != nullptr) {
-      synchronize();
-      return;
+    const cudaStream_t stream = run_stream_
+                                    ? run_stream_.get()
+                                    : c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+    const cudaError_t err = cudaStreamSynchronize(stream);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw error(errc::cuda_error, model_->spec().name,
+                  detail::concat("waiting for the model's run: ", cudaGetErrorString(err)));
     }
 #endif
-    c10::cuda::getCurrentCUDAStream(device_.index()).synchronize();
+  }
+
+  // Orders the work queued later on Triton's stream of the instance after the work queued so
+  // far on the run stream (`to_triton`), or the reverse. Nothing where either is missing.
+  void fence([[maybe_unused]] bool to_triton) {
+#if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
+    const auto triton = static_cast<cudaStream_t>(CudaStream());
+    if (!run_stream_ || triton == nullptr) return;
+    const cudaStream_t from = to_triton ? run_stream_.get() : triton;
+    const cudaStream_t to = to_triton ? triton : run_stream_.get();
+    cudaError_t err = cudaEventRecord(fence_.get(), from);
+    if (err == cudaSuccess) err = cudaStreamWaitEvent(to, fence_.get(), 0);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw error(errc::cuda_error, model_->spec().name,
+                  detail::concat("ordering the run and Triton's copies: ",
+                                 cudaGetErrorString(err)));
+    }
 #endif
   }
 
@@ -791,6 +823,12 @@ class instance_state : public tb::BackendModelInstance {
 
   model_state* model_;
   c10::Device device_{c10::kCPU};
+#if TORCHLOOM_HAS_CUDA
+  // The stream torch's work runs on, for a CUDA device, and the event that orders it with
+  // Triton's stream (see run_group).
+  cuda::stream_lease run_stream_;
+  cuda::event fence_;
+#endif
   std::unique_ptr<any_runner> runner_;
   std::vector<input_binding> inputs_;  // in argument order
   std::vector<std::size_t> output_index_;  // per model_->outputs(): the model's output
@@ -1033,14 +1071,17 @@ void instance_state::run_group(group& g) {
   auto& responses = g.responses;
   const auto memory = input_memory();
 
-#if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
-  // Everything torch does for this group (the run, making outputs contiguous) goes on
-  // Triton's stream of the instance; caller_stream and the fenced policies take it as the
-  // caller's.
+#if TORCHLOOM_HAS_CUDA
+  // Everything torch does for this group (the run, making outputs contiguous) goes on the
+  // instance's run stream, which caller_stream and the fenced policies take as the caller's.
+  // Not on Triton's stream of the instance: a new instance gets a new one, and torch keeps a
+  // cuBLAS workspace per stream it ran a GEMM on for the life of the process, so every model
+  // load would add workspaces. The run stream is leased (cuda::stream_lease) and goes back
+  // when the instance goes, for the next. The collector's and the responder's copies stay on
+  // Triton's stream, ordered before and after the run by fence().
   std::optional<c10::cuda::CUDAStreamGuard> on_stream;
-  if (device_.is_cuda() && CudaStream() != nullptr) {
-    on_stream.emplace(c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(CudaStream()),
-                                                       device_.index()));
+  if (run_stream_) {
+    on_stream.emplace(c10::cuda::getStreamFromExternal(run_stream_.get(), device_.index()));
   }
 #endif
 
@@ -1106,6 +1147,7 @@ void instance_state::run_group(group& g) {
     }
   }
   if (collector.Finalize()) synchronize();
+  fence(false);  // the run after the collector's copies
   // A request the collector could not gather has its error; the others run. Its rows stay
   // in the batch (the responder skips them by its shape).
   if (std::none_of(responses.begin(), responses.end(), [](auto* r) { return r != nullptr; })) {
@@ -1177,6 +1219,7 @@ void instance_state::run_group(group& g) {
   }
   wait_for_device();
   g.compute_end = now_ns();
+  fence(true);  // the responder's copies after the run
 
   tb::BackendOutputResponder responder(requests, count, &responses,
                                        model_->TritonMemoryManager(), batching,
