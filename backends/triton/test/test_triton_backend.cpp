@@ -583,7 +583,9 @@ TEST_CASE("a model with a dlopen hook and an op library is served", "[triton]") 
 TEST_CASE("a failing run fails its batch with run_failed's message; the model stays loaded",
           "[triton]") {
   require_loaded("embed");
-  // Key 42 is outside the 10-row tables: the lookup raises inside the model.
+  // Key 42 is outside the 10-row tables: the lookup raises inside the model (it checks its
+  // keys on the host first, so on a GPU instance too this is an exception, not a device-side
+  // assert that would leave the process's CUDA context unusable).
   const at::Tensor bad_keys = torch::tensor({{0, 1, 2, 3, 4, 42}}, torch::kLong);
   const auto r = core().infer(
       "embed", {{"keys", TRITONSERVER_TYPE_INT64, {1, 6}, bad_keys.data_ptr(), bad_keys.nbytes()}});
@@ -592,6 +594,7 @@ TEST_CASE("a failing run fails its batch with run_failed's message; the model st
   CHECK(r.error->code == TRITONSERVER_ERROR_INTERNAL);
   CHECK(contains(r.error->message, "model 'embed'"));
   CHECK(contains(r.error->message, "[run_failed]"));
+  CHECK(contains(r.error->message, "key 42 is outside the table"));
   CHECK(core().ready("embed"));
   const at::Tensor keys = torch::tensor({{1, 1, 1, 1, 1, 1}}, torch::kLong);
   const auto ok = core().infer(
