@@ -96,7 +96,7 @@ TEST_CASE("an unknown policy name close to a valid one suggests it, as option ke
   const auto far = torchloom_test::capture_error(
       [] { (void)torchloom::parse_policy<stream_kind>("tensorrt"); });
   CHECK_FALSE(torchloom_test::contains(far.what(), "did you mean"));
-  CHECK(torchloom_test::contains(far.what(), "use 'caller', 'pool', 'adaptive' or 'green'"));
+  CHECK(torchloom_test::contains(far.what(), "use 'caller', 'pool', 'adaptive', 'green', 'green_complement' or 'graphed_caller'"));
 }
 
 TEST_CASE("the loader follows the file type", "[choice]") {

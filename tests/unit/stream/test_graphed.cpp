@@ -491,7 +491,7 @@ TEST_CASE("CUDA: a replay that fails after its launch still orders the next repl
 
 // An expanded input has stride 0: a graph's input buffer must be dense, or copying into it
 // fails. Another non-contiguous layout of the same shape is a signature of its own.
-TEST_CASE("CUDA: graphed takes broadcast (expanded) inputs; each layout replays correctly",
+TEST_CASE("CUDA: graphed takes broadcast (expanded) inputs and replays each layout correctly",
           "[stream][graphs][cuda][hazards]") {
   TORCHLOOM_REQUIRE_CUDA();
   model_dir m(make_mlp());
