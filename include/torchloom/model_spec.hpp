@@ -5,6 +5,7 @@
 #include <torchloom/options.hpp>
 #include <torchloom/platform.hpp>
 #include <torchloom/triton/config.hpp>
+#include <torchloom/triton/config_json.hpp>
 
 #include <c10/core/Device.h>
 
@@ -139,10 +140,14 @@ struct model_spec {
   //! (missing directory, no version, missing version), invalid_option (a bad config or
   //! parameter; a model file that contradicts the platform; a directory that cannot be read,
   //! with the system's reason), unsupported (a config for another backend; a key of Triton's
-  //! Python runtime).
+  //! Python runtime). `config_json`, when given, is the model configuration as JSON
+  //! (protobuf's JSON form of Triton's ModelConfig, as Triton's core hands it to a backend): it
+  //! is used instead of config.pbtxt, which is then not read, and checked the same way
+  //! (parse_triton_config_json).
   static model_spec from_directory(const std::filesystem::path& dir,
                                    std::optional<std::int64_t> version = std::nullopt,
-                                   const std::vector<std::string>& host_keys = {}) {
+                                   const std::vector<std::string>& host_keys = {},
+                                   std::optional<std::string_view> config_json = std::nullopt) {
     namespace fs = std::filesystem;
     std::error_code ec;
     fs::path absolute = fs::absolute(dir, ec).lexically_normal();
@@ -157,16 +162,19 @@ struct model_spec {
     s.directory = absolute;
     s.name = dir_name;
     const fs::path config_file = s.directory / "config.pbtxt";
+    // Where the configuration comes from, for messages.
+    const std::string source = config_json ? "the model configuration" : config_file.string();
     // symlink_status: a config.pbtxt that is anything at all (a directory, a dangling link)
     // is read and refused for what it is, never taken for "no config".
-    if (fs::symlink_status(config_file, ec).type() != fs::file_type::not_found) {
+    if (config_json || fs::symlink_status(config_file, ec).type() != fs::file_type::not_found) {
       // A regular file must lie inside; anything else is refused for what it is, unread.
-      if (fs::is_regular_file(config_file, ec)) {
+      if (!config_json && fs::is_regular_file(config_file, ec)) {
         detail::require_inside(s.name, config_file, s.directory, "config file",
                                errc::invalid_option);
       }
       try {
-        s.config = read_triton_config(config_file);
+        s.config = config_json ? parse_triton_config_json(*config_json, source)
+                               : read_triton_config(config_file);
       } catch (const error& e) {
         throw error(e.code(), s.name, e.message());
       }
@@ -180,9 +188,8 @@ struct model_spec {
           set_option(s.options, k, v, s.name);
         } catch (const error& e) {
           throw error(e.code(), s.name,
-                      detail::concat(config_file.string(), ":",
-                                     s.config->parameter_lines.at(k), ": parameters: ",
-                                     e.message()));
+                      detail::concat(detail::config_at(source, s.config->parameter_lines.at(k)),
+                                     ": parameters: ", e.message()));
         }
       }
       s.file = s.config->default_model_filename;  // resolved below, if set

@@ -62,11 +62,20 @@ inline std::string io_name_list(const std::vector<std::string>& forward, std::si
 //! config.pbtxt) declares added (dtype, dims, and the batch dimension when max_batch_size >
 //! 0), matching inputs by name (the model's own, or a forward-based one from `names`), then
 //! by Triton's `NAME__<index>` convention, then by position. Under strict_io_names, only
-//! `INPUT__<index>` and the model's names match. Throws invalid_option naming a declared
-//! input the model does not have (and, for a package, the names it has).
+//! `INPUT__<index>` and the model's names match. For a forward that takes one
+//! Dict[str, Tensor] (and no config input named like its argument), the declared inputs are
+//! the dict's keys and `sig` stays as it is. Throws invalid_option naming a declared input
+//! the model does not have (and, for a package, the names it has).
 inline input_signature merge_config_inputs(input_signature sig, const triton_config& cfg,
                                            const std::string& model,
                                            const io_names& names = {}) {
+  // A forward that takes one Dict[str, Tensor]: the config's inputs are its keys (Triton's
+  // convention, which run_named follows), not arguments.
+  if (sig.size() == 1 && sig[0].type && sig[0].type->kind() == c10::TypeKind::DictType) {
+    bool named = false;
+    for (const auto& decl : cfg.inputs) named = named || decl.name == sig[0].name;
+    if (!named) return sig;
+  }
   const bool strict = strict_io_names(cfg, names);
   for (std::size_t i = 0; i < cfg.inputs.size(); ++i) {
     const auto& decl = cfg.inputs[i];

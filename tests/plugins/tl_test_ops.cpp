@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -47,6 +48,16 @@ registry& tables() {
   }
   TORCH_CHECK(keys.device() == table.device(), "tl_test::lookup: keys are on ", keys.device(),
               ", the table for layer ", layer, " on ", table.device());
+  // Keys are checked on the host before the lookup launches: on a GPU, an out-of-range key
+  // would be a device-side assert, which leaves the process's CUDA context unusable; raised
+  // here, it is an exception that fails the run and nothing else.
+  if (keys.numel() > 0) {
+    const std::int64_t low = keys.min().item<std::int64_t>();
+    const std::int64_t high = keys.max().item<std::int64_t>();
+    TORCH_CHECK(low >= 0 && high < table.size(0), "tl_test::lookup: key ",
+                low < 0 ? low : high, " is outside the table for layer ", layer, " (",
+                table.size(0), " rows)");
+  }
   return at::embedding(table, keys);
 }
 

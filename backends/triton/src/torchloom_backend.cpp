@@ -1,15 +1,20 @@
 // libtriton_torchloom.so: a Triton Inference Server backend that serves TorchScript and
 // AOTInductor models through torchloom's model_runner.
 //
-// A model directory's config.pbtxt is read by torchloom (model_spec::from_directory), so a
-// repository written for Triton's PyTorch backend moves over by setting
-// `backend: "torchloom"`. The runner's policies come from parameters the backend reserves
-// (TORCHLOOM_STREAM, TORCHLOOM_RESIDENCY, TORCHLOOM_HOOK, TORCHLOOM_DEVICE), the loader from
-// the model file's type; torchloom::with_runner_type maps that choice to one of the runner
-// types compiled into this library. Each model instance owns one runner.
+// The model configuration Triton hands the backend is read and checked by torchloom
+// (model_spec::from_directory with the configuration as JSON), so a repository written for
+// Triton's PyTorch backend moves over by setting `backend: "torchloom"`. The runner's
+// policies come from parameters the backend reserves (TORCHLOOM_STREAM, TORCHLOOM_RESIDENCY,
+// TORCHLOOM_HOOK, TORCHLOOM_DEVICE, TORCHLOOM_GRAPHS), the loader from the model file's type;
+// torchloom::with_runner_type maps that choice to one of the runner types compiled into this
+// library. Each model instance owns one runner. docs/triton-backend.md tells the whole story.
 #include <torchloom/policy_choice.hpp>
 #include <torchloom/torchloom.hpp>
 
+#include "any_runner.hpp"
+#include "backend_errors.hpp"
+#include "io_binding.hpp"
+#include "string_tensors.hpp"
 #include "triton/backend/backend_common.h"
 #include "triton/backend/backend_input_collector.h"
 #include "triton/backend/backend_model.h"
@@ -17,15 +22,26 @@
 #include "triton/backend/backend_output_responder.h"
 #include "triton/core/tritonbackend.h"
 
-#if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
+#if TORCHLOOM_HAS_CUDA
+#include <torchloom/cuda/event.hpp>
+#include <torchloom/cuda/stream_lease.hpp>
+
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
+#ifdef TRITON_ENABLE_GPU
+#include <cuda_runtime_api.h>
+#endif
 
 #include <ATen/Functions.h>
+#include <ATen/core/Dict.h>
+#include <ATen/core/ivalue.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -38,29 +54,17 @@ namespace torchloom::triton_backend {
 
 namespace tb = triton::backend;
 namespace fs = std::filesystem;
+using triton::common::TritonJson;
 
 //! The parameters this backend reads itself; every other parameter is a runner option.
 const std::vector<std::string> backend_keys = {"TORCHLOOM_STREAM", "TORCHLOOM_RESIDENCY",
-                                               "TORCHLOOM_HOOK", "TORCHLOOM_DEVICE"};
+                                               "TORCHLOOM_HOOK", "TORCHLOOM_DEVICE",
+                                               "TORCHLOOM_GRAPHS"};
 
 std::uint64_t now_ns() {
   return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                         std::chrono::steady_clock::now().time_since_epoch())
                                         .count());
-}
-
-TRITONSERVER_Error_Code triton_code(errc code) {
-  switch (code) {
-    case errc::invalid_option:
-    case errc::bad_input:
-      return TRITONSERVER_ERROR_INVALID_ARG;
-    case errc::model_not_found:
-      return TRITONSERVER_ERROR_NOT_FOUND;
-    case errc::unsupported:
-      return TRITONSERVER_ERROR_UNSUPPORTED;
-    default:
-      return TRITONSERVER_ERROR_INTERNAL;
-  }
 }
 
 // Whether `err` is success; deletes it otherwise (a failed optional lookup).
@@ -70,21 +74,13 @@ bool succeeded(TRITONSERVER_Error* err) {
   return false;
 }
 
-TRITONSERVER_Error* to_triton(const error& e) {
-  return TRITONSERVER_ErrorNew(triton_code(e.code()), e.what());
-}
-
-// Runs `f`; a torchloom::error (or any other exception) becomes a TRITONSERVER_Error.
-template <class F>
-TRITONSERVER_Error* guarded(const std::string& model, F&& f) {
-  try {
-    f();
-    return nullptr;
-  } catch (const error& e) {
-    return to_triton(e);
-  } catch (const std::exception& e) {
-    return to_triton(error(errc::load_failed, model, e.what()));
-  }
+// Throws a Triton error as a torchloom error of `code` naming `model` and `what`.
+void check_triton(TRITONSERVER_Error* err, const std::string& model, std::string_view what,
+                  errc code = errc::invalid_option) {
+  if (err == nullptr) return;
+  const std::string msg = message_of(err);
+  TRITONSERVER_ErrorDelete(err);
+  throw error(code, model, detail::concat(what, ": ", msg));
 }
 
 //! The torch type of a Triton data type; nothing for BYTES and types torch lacks.
@@ -119,6 +115,12 @@ TRITONSERVER_DataType triton_type(c10::ScalarType t) {
     case c10::kBFloat16: return TRITONSERVER_TYPE_BF16;
     default: return TRITONSERVER_TYPE_INVALID;
   }
+}
+
+// A config data type name ("TYPE_FP32") as a Triton data type ("FP32").
+TRITONSERVER_DataType config_type(const std::string& name) {
+  return TRITONSERVER_StringToDataType(name.rfind("TYPE_", 0) == 0 ? name.c_str() + 5
+                                                                   : name.c_str());
 }
 
 // The value of a reserved parameter as a policy of role `E`, or `fallback` when it is absent.
@@ -163,29 +165,8 @@ policy_choice choose_policies(const model_spec& spec) {
   return c;
 }
 
-//! A runner of any policy type, behind one interface.
-class any_runner {
- public:
-  virtual ~any_runner() = default;
-  virtual std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) = 0;
-  virtual const input_signature& inputs() const = 0;
-};
-
-template <class Runner>
-class runner_box final : public any_runner {
- public:
-  runner_box(model_spec spec, c10::Device device) : runner_(std::move(spec), device) {}
-  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) override {
-    return runner_.run_tensors(inputs);
-  }
-  const input_signature& inputs() const override { return runner_.inputs(); }
-
- private:
-  Runner runner_;
-};
-
 std::unique_ptr<any_runner> make_runner(const policy_choice& choice, const model_spec& spec,
-                                        c10::Device device) {
+                                        std::optional<c10::Device> device) {
   return with_runner_type(
       choice,
       [&](auto type) -> std::unique_ptr<any_runner> {
@@ -195,56 +176,87 @@ std::unique_ptr<any_runner> make_runner(const policy_choice& choice, const model
       spec.name);
 }
 
-//! Which config.pbtxt input feeds which argument of the model, and which model output each
-//! config output is: by name, then by the PyTorch backend's `NAME__<index>`, then by
-//! position (the rule the runner applies to the declared inputs).
-std::optional<std::size_t> index_suffix(const std::string& name) {
-  return torchloom::detail::runner_core::index_suffix(name);  // the runner's own rule
-}
-
-struct io_binding {
-  std::string name;                    // Triton's name
-  std::size_t index = 0;               // argument or output position in the model
-  std::optional<c10::ScalarType> dtype;  // as config.pbtxt declares it
+//! What Triton hands the model besides the config's inputs, and how each input is gathered.
+enum class input_kind {
+  tensor,   //!< a config input: one batch tensor [batch, dims...]
+  string,   //!< a TYPE_STRING config input: one List[str] of the batch's elements
+  ragged,   //!< a config input with allow_ragged_batch: the requests' elements, flat
+  batch,    //!< a batch_input, computed by Triton's input collector
+  control,  //!< a sequence-batching control input (START, END, READY, CORRID)
+  state,    //!< an implicit-state input of sequence batching
 };
 
-//! The per-model state: the spec read from the repository and the policy choice. A load
-//! failure here (a bad key, a bad policy name) leaves the model unavailable with the message.
+//! One input the model receives, as the model configuration describes it.
+struct input_decl {
+  std::string name;
+  input_kind kind = input_kind::tensor;
+  std::optional<c10::ScalarType> dtype;
+  std::vector<std::int64_t> dims;  //!< as the model sees them (reshape applied), no batch
+  const tb::BatchInput* batch = nullptr;
+};
+
+//! One output the model gives, as the model configuration describes it.
+struct output_decl {
+  std::string name;
+  std::optional<c10::ScalarType> dtype;
+  bool is_string = false;                  //!< TYPE_STRING: the model returns a List[str]
+  std::size_t index = 0;                   //!< the element of the model's output
+  const tb::BatchOutput* batch = nullptr;  //!< scattered in the shape of an input
+  bool state = false;                      //!< an implicit-state output
+};
+
+//! The per-model state: the spec read from the repository, the policy choice, and the
+//! inputs and outputs the model configuration gives. A load failure here (a bad key, a bad
+//! policy name, a naming clash) leaves the model unavailable with the message.
 class model_state : public tb::BackendModel {
  public:
   explicit model_state(TRITONBACKEND_Model* model)
       : tb::BackendModel(model, /*allow_optional=*/true) {
-    // The one place where Triton's model directory becomes a torchloom model_spec.
-    spec_ = model_spec::from_directory(RepositoryPath(), static_cast<std::int64_t>(Version()),
-                                       backend_keys);
-    if (!spec_.config) {
-      throw error(errc::invalid_option, spec_.name,
-                  detail::concat("no config.pbtxt in '", RepositoryPath(), "'"));
+    // The one place where Triton's model becomes a torchloom model_spec: the model
+    // configuration Triton hands the backend (config.pbtxt with what Triton filled in, or a
+    // configuration given through the load API), checked as torchloom checks a config.pbtxt.
+    TritonJson::WriteBuffer json;
+    check_triton(ModelConfig().Write(&json), Name(), "the model configuration");
+    try {
+      spec_ = model_spec::from_directory(RepositoryPath(), static_cast<std::int64_t>(Version()),
+                                         host_keys(), std::string_view(json.Base(), json.Size()));
+    } catch (const error& e) {
+      if (e.code() != errc::invalid_option ||
+          e.message().find("parameters: unknown option") == std::string::npos) {
+        throw;
+      }
+      throw error(e.code(), e.model(),
+                  detail::concat(e.message(), "; the torchloom backend refuses parameters it "
+                                 "does not read, where Triton's PyTorch backend ignores them: "
+                                 "to keep one, name it in TORCHLOOM_IGNORE_PARAMETERS"));
     }
     choice_ = choose_policies(spec_);
-    // Requests of a ragged batch differ in shape: they cannot be gathered into one tensor.
-    triton::common::TritonJson::Value inputs;
-    if (ModelConfig().Find("input", &inputs)) {
-      for (std::size_t i = 0; i < inputs.ArraySize(); ++i) {
-        triton::common::TritonJson::Value input;
-        bool ragged = false;
-        if (!succeeded(inputs.IndexAsObject(i, &input)) || !input.Find("allow_ragged_batch")) {
-          continue;
-        }
-        if (succeeded(input.MemberAsBool("allow_ragged_batch", &ragged)) && ragged) {
-          std::string input_name;
-          succeeded(input.MemberAsString("name", &input_name));
-          throw error(errc::unsupported, spec_.name,
-                      detail::concat("input '", input_name, "' sets allow_ragged_batch, which "
-                                     "the torchloom backend does not support"));
-        }
+    if (auto it = spec_.host_parameters.find("TORCHLOOM_GRAPHS");
+        it != spec_.host_parameters.end()) {
+      const auto on = detail::parse_bool(it->second);
+      if (!on) {
+        throw error(errc::invalid_option, spec_.name,
+                    detail::concat("parameter TORCHLOOM_GRAPHS='",
+                                   detail::printable(it->second, 64),
+                                   "' is not a boolean: use true or false"));
       }
+      graphs_ = *on;
     }
-    const auto& cfg = *spec_.config;
-    for (std::size_t i = 0; i < cfg.outputs.size(); ++i) {
-      outputs_.push_back({cfg.outputs[i].name, index_suffix(cfg.outputs[i].name).value_or(i),
-                          cfg.outputs[i].dtype});
+    if (graphs_) {
+      // TORCHLOOM_GRAPHS=true is graphed<S> around the stream policy S: with caller (the
+      // default) that is TORCHLOOM_STREAM=graphed_caller, one runner type for both; with
+      // graphed_caller it says the same thing again.
+      if (choice_.residency == residency_kind::streamed) {
+        throw error(errc::invalid_option, spec_.name,
+                    "TORCHLOOM_GRAPHS=true with TORCHLOOM_RESIDENCY=streamed: a CUDA graph "
+                    "replays the copies of its capture, and streamed weights are placed anew "
+                    "at every run; use resident, shared or mapped weights with graphs");
+      }
+      if (choice_.stream == stream_kind::caller) choice_.stream = stream_kind::graphed_caller;
+      if (choice_.stream == stream_kind::graphed_caller) graphs_ = false;
     }
+    read_inputs();
+    read_outputs();
     if (auto it = spec_.host_parameters.find("TORCHLOOM_DEVICE");
         it != spec_.host_parameters.end()) {
       try {
@@ -259,15 +271,298 @@ class model_state : public tb::BackendModel {
 
   const model_spec& spec() const { return spec_; }
   const policy_choice& choice() const { return choice_; }
-  const std::vector<io_binding>& outputs() const { return outputs_; }
-  //! The device for KIND_MODEL instances (TORCHLOOM_DEVICE, default cpu).
-  c10::Device model_device() const { return model_device_; }
+  //! TORCHLOOM_GRAPHS with a stream policy other than caller and graphed_caller: the policy
+  //! wrapped in graphed<...> (CUDA graph replays). With those two, the choice's stream is
+  //! graphed_caller instead.
+  bool graphs() const { return graphs_; }
+  //! Throws why the outputs could not be bound by Triton's rules (output_decl::index), if so.
+  void require_outputs_bound() const {
+    if (outputs_unbound_) std::rethrow_exception(outputs_unbound_);
+  }
+  //! The inputs, in the config's order, then Triton's: batch inputs, sequence controls, state.
+  const std::vector<input_decl>& inputs() const { return inputs_; }
+  const std::vector<output_decl>& outputs() const { return outputs_; }
+  //! TORCHLOOM_DEVICE, the device of KIND_MODEL instances; nothing: the model's own placement.
+  std::optional<c10::Device> model_device() const { return model_device_; }
+  bool cache_cleaning() const { return spec_.options.enable_cache_cleaning; }
+
+  //! The spec a runner of one instance is built from: the instance's own group (Triton
+  //! changes instance groups in place, so the config's may be another than this instance's),
+  //! no model_warmup (Triton's core sends those samples through the instance itself), no cache
+  //! cleaning inside the run (the backend empties the cache once the outputs are sent), and
+  //! the inputs as the backend passes them: every input Triton adds, full shapes.
+  model_spec instance_spec(TRITONSERVER_InstanceGroupKind kind, std::int32_t device_id) const {
+    model_spec s = spec_;
+    triton_config& cfg = *s.config;
+    instance_group g;
+    switch (kind) {
+      case TRITONSERVER_INSTANCEGROUPKIND_GPU:
+        g.kind = "KIND_GPU";
+        g.gpus = {device_id};
+        break;
+      case TRITONSERVER_INSTANCEGROUPKIND_MODEL: g.kind = "KIND_MODEL"; break;
+      default: g.kind = "KIND_CPU";
+    }
+    cfg.instance_groups = {g};
+    cfg.warmups.clear();
+    s.options.enable_cache_cleaning = false;
+    // The batch dimension is spelled out (max_batch_size 0, -1 in front): a ragged input or a
+    // batch input has a first dimension that is not the batch, and Triton checks the batch
+    // size itself.
+    const bool batching = MaxBatchSize() > 0;
+    std::vector<tensor_decl> decls;
+    for (const auto& in : inputs_) {
+      tensor_decl d;
+      d.name = in.name;
+      d.dtype = in.dtype;
+      d.is_string = in.kind == input_kind::string;
+      if (in.kind == input_kind::ragged || in.kind == input_kind::batch) {
+        d.dims = {-1};
+        if (in.batch && in.batch->BatchInputKind() == tb::BatchInput::Kind::BATCH_ITEM_SHAPE) {
+          d.dims = {-1, -1};
+        }
+      } else {
+        if (batching) d.dims.push_back(-1);
+        d.dims.insert(d.dims.end(), in.dims.begin(), in.dims.end());
+      }
+      decls.push_back(std::move(d));
+    }
+    cfg.inputs = std::move(decls);
+    cfg.max_batch_size = 0;
+    return s;
+  }
 
  private:
+  // The parameters the backend takes out of the runner's options: its own, and those that
+  // TORCHLOOM_IGNORE_PARAMETERS names (';'-separated), which it ignores. Any other key is a
+  // runner option, and one torchloom does not know fails the load.
+  std::vector<std::string> host_keys() {
+    std::vector<std::string> keys = backend_keys;
+    keys.push_back("TORCHLOOM_IGNORE_PARAMETERS");
+    TritonJson::Value parameters;
+    TritonJson::Value entry;
+    std::string ignored;
+    if (ModelConfig().Find("parameters", &parameters) &&
+        parameters.Find("TORCHLOOM_IGNORE_PARAMETERS", &entry) &&
+        succeeded(entry.MemberAsString("string_value", &ignored))) {
+      for (const auto& k : detail::split(ignored, ';')) {
+        const std::string key(detail::trim(k));
+        if (!key.empty()) keys.push_back(key);
+      }
+    }
+    return keys;
+  }
+
+  // Strings reach the model as one List[str] per batch: one dimension in all, the batch's.
+  void require_one_dimension(std::string_view what, const std::string& io,
+                             const std::vector<std::int64_t>& dims) const {
+    const bool batching = MaxBatchSize() > 0;
+    if (dims.size() + (batching ? 1 : 0) == 1) return;
+    throw error(errc::unsupported, spec_.name,
+                detail::concat(what, " '", io, "' is TYPE_STRING with dims ",
+                               c10::IntArrayRef(dims), batching ? " and a batch dimension" : "",
+                               ": a model takes and returns strings as one List[str], so the ",
+                               what, " must be one-dimensional",
+                               batching ? " (with max_batch_size > 0: dims: [ 1 ] and "
+                                          "reshape: { shape: [ ] })"
+                                        : " (dims: [ -1 ])"));
+  }
+
+  // The config's inputs, then those Triton adds to every request.
+  void read_inputs() {
+    const std::string& name = spec_.name;
+    TritonJson::Value inputs;
+    if (ModelConfig().Find("input", &inputs)) {
+      for (std::size_t i = 0; i < inputs.ArraySize(); ++i) {
+        TritonJson::Value io;
+        check_triton(inputs.IndexAsObject(i, &io), name, "model configuration input");
+        input_decl d;
+        check_triton(io.MemberAsString("name", &d.name), name, "model configuration input");
+        std::string type;
+        check_triton(io.MemberAsString("data_type", &type), name,
+                     detail::concat("input '", d.name, "'"));
+        TritonJson::Value reshape;
+        const bool reshaped = io.Find("reshape", &reshape);
+        check_triton(tb::ParseShape(reshaped ? reshape : io, reshaped ? "shape" : "dims",
+                                    &d.dims),
+                     name, detail::concat("input '", d.name, "' dims"));
+        if (type == "TYPE_STRING") {
+          d.kind = input_kind::string;
+          require_one_dimension("input", d.name, d.dims);
+          if (IsInputRagged(d.name)) {
+            throw error(errc::unsupported, name,
+                        detail::concat("input '", d.name, "' is TYPE_STRING with "
+                                       "allow_ragged_batch; strings cannot be batched raggedly"));
+          }
+          inputs_.push_back(std::move(d));
+          continue;
+        }
+        d.dtype = scalar_type(config_type(type));
+        if (!d.dtype) {
+          throw error(errc::unsupported, name,
+                      detail::concat("input '", d.name, "' is ", type,
+                                     ", which torchloom cannot pass to a model"));
+        }
+        bool flag = false;
+        if (io.Find("is_shape_tensor") && succeeded(io.MemberAsBool("is_shape_tensor", &flag)) &&
+            flag) {
+          throw error(errc::unsupported, name,
+                      detail::concat("input '", d.name, "' sets is_shape_tensor, which only "
+                                     "TensorRT models have; remove it"));
+        }
+        if (IsInputRagged(d.name)) d.kind = input_kind::ragged;
+        inputs_.push_back(std::move(d));
+      }
+    }
+    for (const auto& b : BatchInputs()) {
+      for (const auto& target : b.TargetNames()) {
+        input_decl d;
+        d.name = target;
+        d.kind = input_kind::batch;
+        d.dtype = scalar_type(b.DataType());
+        d.batch = &b;
+        inputs_.push_back(std::move(d));
+      }
+    }
+    TritonJson::Value sequence;
+    if (!ModelConfig().Find("sequence_batching", &sequence)) return;
+    TritonJson::Value controls;
+    if (sequence.Find("control_input", &controls)) {
+      for (std::size_t i = 0; i < controls.ArraySize(); ++i) {
+        TritonJson::Value ci;
+        check_triton(controls.IndexAsObject(i, &ci), name, "sequence_batching control_input");
+        input_decl d;
+        d.kind = input_kind::control;
+        check_triton(ci.MemberAsString("name", &d.name), name, "sequence_batching control_input");
+        d.dims = {1};
+        TritonJson::Value kinds;
+        if (ci.Find("control", &kinds) && kinds.ArraySize() > 0) {
+          TritonJson::Value c;
+          check_triton(kinds.IndexAsObject(0, &c), name, "sequence_batching control");
+          TritonJson::Value values;
+          std::string type;
+          if (c.Find("int32_false_true", &values) && values.ArraySize() > 0) {
+            d.dtype = c10::kInt;
+          } else if (c.Find("fp32_false_true", &values) && values.ArraySize() > 0) {
+            d.dtype = c10::kFloat;
+          } else if (c.Find("bool_false_true", &values) && values.ArraySize() > 0) {
+            d.dtype = c10::kBool;
+          } else if (succeeded(c.MemberAsString("data_type", &type)) && !type.empty()) {
+            d.dtype = scalar_type(config_type(type));
+            if (!d.dtype) {
+              throw error(errc::unsupported, name,
+                          detail::concat("sequence_batching control input '", d.name, "' is ",
+                                         type, ", which torchloom cannot pass to a model (use "
+                                         "TYPE_INT64 or TYPE_INT32 for CONTROL_SEQUENCE_CORRID)"));
+            }
+          }
+        }
+        inputs_.push_back(std::move(d));
+      }
+    }
+    TritonJson::Value states;
+    if (sequence.Find("state", &states)) {
+      for (std::size_t i = 0; i < states.ArraySize(); ++i) {
+        TritonJson::Value st;
+        check_triton(states.IndexAsObject(i, &st), name, "sequence_batching state");
+        input_decl d;
+        d.kind = input_kind::state;
+        std::string type;
+        check_triton(st.MemberAsString("input_name", &d.name), name, "sequence_batching state");
+        check_triton(st.MemberAsString("data_type", &type), name, "sequence_batching state");
+        d.dtype = scalar_type(config_type(type));
+        if (!d.dtype) {
+          throw error(errc::unsupported, name,
+                      detail::concat("sequence_batching state '", d.name, "' is ", type,
+                                     ", which torchloom cannot pass to a model"));
+        }
+        check_triton(tb::ParseShape(st, "dims", &d.dims), name, "sequence_batching state dims");
+        inputs_.push_back(std::move(d));
+      }
+    }
+  }
+
+  // The config's outputs, then the implicit-state outputs, bound to the model's outputs.
+  void read_outputs() {
+    const std::string& name = spec_.name;
+    std::vector<std::string> names;
+    TritonJson::Value outputs;
+    if (ModelConfig().Find("output", &outputs)) {
+      for (std::size_t i = 0; i < outputs.ArraySize(); ++i) {
+        TritonJson::Value io;
+        check_triton(outputs.IndexAsObject(i, &io), name, "model configuration output");
+        output_decl d;
+        check_triton(io.MemberAsString("name", &d.name), name, "model configuration output");
+        std::string type;
+        check_triton(io.MemberAsString("data_type", &type), name,
+                     detail::concat("output '", d.name, "'"));
+        d.batch = FindBatchOutput(d.name);
+        if (type == "TYPE_STRING") {
+          d.is_string = true;
+          TritonJson::Value reshape;
+          const bool reshaped = io.Find("reshape", &reshape);
+          std::vector<std::int64_t> dims;
+          check_triton(tb::ParseShape(reshaped ? reshape : io, reshaped ? "shape" : "dims",
+                                      &dims),
+                       name, detail::concat("output '", d.name, "' dims"));
+          require_one_dimension("output", d.name, dims);
+          if (d.batch) {
+            throw error(errc::unsupported, name,
+                        detail::concat("output '", d.name, "' is TYPE_STRING and a batch_output; "
+                                       "strings cannot be scattered"));
+          }
+        } else {
+          d.dtype = scalar_type(config_type(type));
+          if (!d.dtype) {
+            throw error(errc::unsupported, name,
+                        detail::concat("output '", d.name, "' is ", type,
+                                       ", which torchloom cannot return from a model"));
+          }
+        }
+        names.push_back(d.name);
+        outputs_.push_back(std::move(d));
+      }
+    }
+    TritonJson::Value sequence;
+    TritonJson::Value states;
+    if (ModelConfig().Find("sequence_batching", &sequence) && sequence.Find("state", &states)) {
+      for (std::size_t i = 0; i < states.ArraySize(); ++i) {
+        TritonJson::Value st;
+        check_triton(states.IndexAsObject(i, &st), name, "sequence_batching state");
+        output_decl d;
+        d.state = true;
+        std::string type;
+        check_triton(st.MemberAsString("output_name", &d.name), name, "sequence_batching state");
+        check_triton(st.MemberAsString("data_type", &type), name, "sequence_batching state");
+        d.dtype = scalar_type(config_type(type));  // read_inputs refused the others
+        names.push_back(d.name);
+        outputs_.push_back(std::move(d));
+      }
+    }
+    // Triton's rules for a model without forward-based names; an AOTInductor package with
+    // them is bound by its runner's names instead (instance_state::bind_outputs), so a
+    // contradiction here counts only for the others.
+    try {
+      const io_positions bound = bind_output_names(name, names);
+      for (std::size_t i = 0; i < outputs_.size(); ++i) outputs_[i].index = bound.positions[i];
+    } catch (const error&) {
+      outputs_unbound_ = std::current_exception();
+    }
+  }
+
   model_spec spec_;
   policy_choice choice_;
-  std::vector<io_binding> outputs_;
-  c10::Device model_device_{c10::kCPU};
+  bool graphs_ = false;
+  std::vector<input_decl> inputs_;
+  std::vector<output_decl> outputs_;
+  std::exception_ptr outputs_unbound_;
+  std::optional<c10::Device> model_device_;
+};
+
+//! One input as the instance passes it: its declaration and the argument it feeds.
+struct input_binding {
+  const input_decl* decl = nullptr;
+  std::size_t position = 0;  //!< the argument of forward (unused for a Dict[str, Tensor] model)
 };
 
 //! One model instance: one runner on the instance's device.
@@ -275,29 +570,43 @@ class instance_state : public tb::BackendModelInstance {
  public:
   instance_state(model_state* model, TRITONBACKEND_ModelInstance* instance)
       : tb::BackendModelInstance(model, instance), model_(model) {
+    const std::string& name = model->spec().name;
+    std::optional<c10::Device> device;
     switch (Kind()) {
       case TRITONSERVER_INSTANCEGROUPKIND_GPU:
-        device_ = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(DeviceId()));
+        device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(DeviceId()));
         break;
       case TRITONSERVER_INSTANCEGROUPKIND_MODEL:
-        device_ = model->model_device();
+        device = model->model_device();  // nothing: where the model was saved
         break;
       default:
-        device_ = c10::Device(c10::kCPU);
+        device = c10::Device(c10::kCPU);
     }
-    runner_ = make_runner(model->choice(), model->spec(), device_);
-    const auto& sig = runner_->inputs();
-    const auto& decls = model->spec().config->inputs;
-    for (std::size_t i = 0; i < decls.size(); ++i) {
-      std::optional<std::size_t> index;
-      for (std::size_t a = 0; a < sig.size() && !index; ++a) {
-        if (sig[a].name == decls[i].name) index = a;
-      }
-      if (!index) index = index_suffix(decls[i].name);
-      inputs_.push_back({decls[i].name, index.value_or(i), decls[i].dtype});
+    runner_ = model->graphs()
+                  ? make_graphed_runner(model->choice(), model->instance_spec(Kind(), DeviceId()),
+                                        device)
+                  : make_runner(model->choice(), model->instance_spec(Kind(), DeviceId()), device);
+    device_ = runner_->device();
+    if (model->cache_cleaning() && device_.is_cuda() && !TORCHLOOM_HAS_CUDA) {
+      throw error(errc::unsupported, name,
+                  "ENABLE_CACHE_CLEANING on a CUDA device needs a backend built with "
+                  "torchloom::cuda (TORCHLOOM_HAS_CUDA)");
     }
-    std::sort(inputs_.begin(), inputs_.end(),
-              [](const io_binding& a, const io_binding& b) { return a.index < b.index; });
+#if TORCHLOOM_HAS_CUDA
+    if (device_.is_cuda()) {
+      // torch's work runs on a stream that outlives the instance (see run_group).
+      run_stream_ = cuda::stream_lease(name, device_.index());
+      const c10::cuda::CUDAGuard guard(device_);
+      fence_ = cuda::event(name);
+    }
+#endif
+    bind_inputs();
+    bind_outputs();
+  }
+
+  ~instance_state() override {
+    runner_.reset();
+    empty_cache();
   }
 
   model_state* model() const { return model_; }
@@ -305,237 +614,740 @@ class instance_state : public tb::BackendModelInstance {
   void execute(TRITONBACKEND_Request** requests, std::uint32_t count);
 
  private:
-  // Runs the model on `inputs`, on Triton's stream where it gives one.
-  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) {
-#if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
-    if (device_.is_cuda() && CudaStream() != nullptr) {
-      // caller_stream and the fenced policies take the current stream as the caller's.
-      c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromExternal(
-          static_cast<cudaStream_t>(CudaStream()), device_.index()));
-      return runner_->run(inputs);
+  // The requests of one run and what happened to them.
+  struct group {
+    std::vector<TRITONBACKEND_Request*> requests;
+    std::vector<TRITONBACKEND_Response*> responses;
+    std::vector<std::uint32_t> index;  // in execute()'s arrays
+    std::vector<std::int64_t> rows;    // each request's, by its first input
+    std::int64_t batch = 0;            // their sum
+    std::uint64_t compute_start = 0;
+    std::uint64_t compute_end = 0;
+    bool ran = false;  // the model ran and its outputs went to the responses
+  };
+
+  void bind_inputs() {
+    const std::string& name = model_->spec().name;
+    const input_signature& sig = runner_->inputs();
+    const auto& decls = model_->inputs();
+    std::vector<std::string> names;
+    for (const auto& d : decls) names.push_back(d.name);
+    // A forward that takes one Dict[str, Tensor]: the config's inputs are its keys.
+    if (sig.size() == 1 && sig[0].type && sig[0].type->kind() == c10::TypeKind::DictType &&
+        std::find(names.begin(), names.end(), sig[0].name) == names.end()) {
+      for (const auto& d : decls) {
+        if (d.kind != input_kind::tensor) {
+          throw error(errc::unsupported, name,
+                      detail::concat("forward takes a Dict[str, Tensor], which holds the "
+                                     "config's inputs; input '", d.name, "' (a ",
+                                     d.kind == input_kind::ragged ? "ragged input"
+                                                                  : "batch or sequence input",
+                                     ") cannot go into it"));
+        }
+        inputs_.push_back({&d, 0});
+      }
+      dict_ = true;
+      return;
     }
-#endif
-    return runner_->run(inputs);
+    std::vector<std::size_t> positions;
+    if (const io_names& forward = runner_->names(); forward.forward_based) {
+      // An AOTInductor package with a call spec: its forward-based and ordinal names, as
+      // model_runner (and Triton 26.05) binds them.
+      for (const auto& d : decls) {
+        const auto k = runner_->input_index(d.name);
+        if (!k) {
+          const std::string why = forward.why_not(d.name);
+          throw error(errc::invalid_option, name,
+                      detail::concat("input '", d.name, "' is not an input of the package",
+                                     why.empty()
+                                         ? detail::concat(": its inputs are ",
+                                                          detail::io_name_list(
+                                                              forward.inputs, sig.size(),
+                                                              "INPUT", forward.inputs_unknown))
+                                         : detail::concat(": ", why)));
+        }
+        for (std::size_t j = 0; j < positions.size(); ++j) {
+          if (positions[j] != *k) continue;
+          throw error(errc::invalid_option, name,
+                      detail::concat("inputs '", decls[j].name, "' and '", d.name,
+                                     "' both name the package's ",
+                                     detail::input_label(sig, *k)));
+        }
+        positions.push_back(*k);
+      }
+    } else {
+      std::vector<std::string> arguments;
+      for (const auto& s : sig) arguments.push_back(s.name);
+      positions = bind_input_names(name, names, arguments).positions;
+    }
+    for (std::size_t i = 0; i < decls.size(); ++i) {
+      inputs_.push_back({&decls[i], positions[i]});
+      if (decls[i].kind != input_kind::string) continue;
+      const auto& arg = sig[positions[i]];
+      if (!arg.type || !c10::ListType::ofStrings()->isSubtypeOf(*arg.type)) {
+        throw error(errc::invalid_option, name,
+                    detail::concat("input '", decls[i].name, "' is TYPE_STRING, but forward's ",
+                                   detail::input_label(sig, positions[i]), " takes ",
+                                   arg.type ? arg.type->str() : std::string("a tensor"),
+                                   ", not List[str]"));
+      }
+      strings_ = true;
+    }
+    for (const auto& o : model_->outputs()) strings_ = strings_ || o.is_string;
+    std::sort(inputs_.begin(), inputs_.end(),
+              [](const input_binding& a, const input_binding& b) {
+                return a.position < b.position;
+              });
+    // Every argument without a default needs an input.
+    for (std::size_t a = 0; a < sig.size(); ++a) {
+      const bool fed = std::any_of(inputs_.begin(), inputs_.end(),
+                                   [&](const input_binding& b) { return b.position == a; });
+      if (!fed && !sig[a].has_default) {
+        throw error(errc::invalid_option, name,
+                    detail::concat("forward's ", detail::input_label(sig, a),
+                                   " has no input in the model configuration"));
+      }
+    }
   }
 
-  // The inputs of one request as tensors over Triton's buffers (no copy when the request
-  // holds each input in one CPU buffer), in the model's argument order.
-  std::vector<at::Tensor> request_views(TRITONBACKEND_Request* request) const;
+  // Which output of the model each configured output is (output_index_): an AOTInductor
+  // package's forward-based and ordinal names as model_runner binds them, else Triton's
+  // rules (model_state::read_outputs).
+  void bind_outputs() {
+    const std::string& name = model_->spec().name;
+    const io_names& forward = runner_->names();
+    if (!forward.forward_based) {
+      model_->require_outputs_bound();
+      for (const auto& o : model_->outputs()) output_index_.push_back(o.index);
+      return;
+    }
+    for (const auto& o : model_->outputs()) {
+      const auto k = runner_->output_index(o.name);
+      if (!k) {
+        const std::string why = forward.why_not(o.name);
+        throw error(errc::invalid_option, name,
+                    detail::concat(o.state ? "state output '" : "output '", o.name,
+                                   "' is not an output of the package",
+                                   why.empty()
+                                       ? detail::concat(": its outputs are ",
+                                                        detail::io_name_list(
+                                                            forward.outputs,
+                                                            forward.output_count.value_or(0),
+                                                            "OUTPUT", forward.outputs_unknown))
+                                       : detail::concat(": ", why)));
+      }
+      output_index_.push_back(*k);
+    }
+  }
 
-  // Runs `requests` (all good) as one batch and fills their responses.
-  void run_batch(TRITONBACKEND_Request** requests, std::uint32_t count,
-                 std::vector<TRITONBACKEND_Response*>& responses, std::int64_t batch);
+  // Where the collector may put a gathered input: the instance's GPU, else host memory.
+  std::vector<std::pair<TRITONSERVER_MemoryType, std::int64_t>> input_memory() const {
+    if (device_.is_cuda() && Kind() == TRITONSERVER_INSTANCEGROUPKIND_GPU) {
+      return {{TRITONSERVER_MEMORY_GPU, device_.index()},
+              {TRITONSERVER_MEMORY_CPU_PINNED, 0},
+              {TRITONSERVER_MEMORY_CPU, 0}};
+    }
+    return {{TRITONSERVER_MEMORY_CPU_PINNED, 0}, {TRITONSERVER_MEMORY_CPU, 0}};
+  }
+
+  // Waits for the copies the collector or the responder queued (they say so), on Triton's
+  // stream of the instance (the default stream for others). A device error that surfaces
+  // here fails the batch.
+  void synchronize() {
+#ifdef TRITON_ENABLE_GPU
+    if (const cudaError_t err = cudaStreamSynchronize(CudaStream()); err != cudaSuccess) {
+      throw error(errc::cuda_error, model_->spec().name,
+                  detail::concat("waiting for the input and output copies: ",
+                                 cudaGetErrorString(err)));
+    }
+#endif
+  }
+
+  // Waits for the device work of a run, so compute end is when the model finished.
+  void wait_for_device() {
+#if TORCHLOOM_HAS_CUDA
+    if (!device_.is_cuda()) return;
+    const cudaStream_t stream = run_stream_
+                                    ? run_stream_.get()
+                                    : c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+    const cudaError_t err = cudaStreamSynchronize(stream);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw error(errc::cuda_error, model_->spec().name,
+                  detail::concat("waiting for the model's run: ", cudaGetErrorString(err)));
+    }
+#endif
+  }
+
+  // Orders the work queued later on Triton's stream of the instance after the work queued so
+  // far on the run stream (`to_triton`), or the reverse. Nothing where either is missing.
+  void fence([[maybe_unused]] bool to_triton) {
+#if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
+    const auto triton = static_cast<cudaStream_t>(CudaStream());
+    if (!run_stream_ || triton == nullptr) return;
+    const cudaStream_t from = to_triton ? run_stream_.get() : triton;
+    const cudaStream_t to = to_triton ? triton : run_stream_.get();
+    cudaError_t err = cudaEventRecord(fence_.get(), from);
+    if (err == cudaSuccess) err = cudaStreamWaitEvent(to, fence_.get(), 0);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw error(errc::cuda_error, model_->spec().name,
+                  detail::concat("ordering the run and Triton's copies: ",
+                                 cudaGetErrorString(err)));
+    }
+#endif
+  }
+
+  void empty_cache() const {
+#if TORCHLOOM_HAS_CUDA
+    if (device_.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+  }
+
+  // Checks one request against what the runner declares; throws bad_input. Returns its
+  // batch size (the first dimension of its first input; 1 without batching).
+  std::int64_t check_request(TRITONBACKEND_Request* request) const;
+
+  // Runs one group: gathers its inputs, runs the model, sends the outputs to its responses
+  // (a response set to null has had its error sent).
+  void run_group(group& g);
+
+  // The model's outputs, flattened (a tensor or a list of strings each), on `values` in
+  // argument order (or the one Dict[str, Tensor]).
+  std::vector<c10::IValue> run_model(std::vector<c10::IValue> values);
+  void flatten_outputs(const c10::IValue& v, std::vector<c10::IValue>& out) const;
+  c10::List<std::string> gather_strings(const input_decl& d, group& g);
+  bool send_strings(const output_decl& o, const c10::List<std::string>& list, group& g,
+                    std::vector<std::string>& keep);
+  static bool requested(TRITONBACKEND_Request* request, const std::string& output);
 
   model_state* model_;
   c10::Device device_{c10::kCPU};
+#if TORCHLOOM_HAS_CUDA
+  // The stream torch's work runs on, for a CUDA device, and the event that orders it with
+  // Triton's stream (see run_group).
+  cuda::stream_lease run_stream_;
+  cuda::event fence_;
+#endif
   std::unique_ptr<any_runner> runner_;
-  std::vector<io_binding> inputs_;  // in argument order
+  std::vector<input_binding> inputs_;  // in argument order
+  std::vector<std::size_t> output_index_;  // per model_->outputs(): the model's output
+  bool dict_ = false;
+  bool strings_ = false;  // strings in or out: the model runs on IValues
 };
 
-std::vector<at::Tensor> instance_state::request_views(TRITONBACKEND_Request* request) const {
+std::int64_t instance_state::check_request(TRITONBACKEND_Request* request) const {
   const std::string& name = model_->spec().name;
-  std::vector<at::Tensor> out;
+  const input_signature& sig = runner_->inputs();
+  const bool batching = model_->MaxBatchSize() > 0;
+  std::int64_t batch = -1;
+  std::size_t given = 0;
   bool missing = false;
   for (const auto& b : inputs_) {
-    TRITONBACKEND_Input* input = nullptr;
-    if (TRITONSERVER_Error* err =
-            TRITONBACKEND_RequestInput(request, b.name.c_str(), &input)) {
-      TRITONSERVER_ErrorDelete(err);
-      missing = true;  // an optional input left out: the runner's check counts them
+    if (b.decl->kind == input_kind::batch) {  // made by the collector for the whole batch
+      ++given;
       continue;
     }
-    if (missing) {
-      throw error(errc::bad_input, name,
-                  detail::concat("input '", b.name, "' is given but an input before it is "
-                                 "not; only trailing inputs may be left out"));
+    TRITONBACKEND_Input* input = nullptr;
+    if (TRITONSERVER_Error* err = TRITONBACKEND_RequestInput(request, b.decl->name.c_str(),
+                                                             &input)) {
+      TRITONSERVER_ErrorDelete(err);
+      missing = true;  // an optional input left out: the count check below sees it
+      continue;
     }
+    if (missing && !dict_) {
+      throw error(errc::bad_input, name,
+                  detail::concat("input '", b.decl->name, "' is given but an input before it "
+                                 "is not; only trailing inputs may be left out"));
+    }
+    ++given;
     TRITONSERVER_DataType dtype;
     const std::int64_t* shape = nullptr;
     std::uint32_t dims = 0;
-    std::uint64_t bytes = 0;
-    std::uint32_t buffers = 0;
-    if (TRITONSERVER_Error* err = TRITONBACKEND_InputProperties(
-            input, nullptr, &dtype, &shape, &dims, &bytes, &buffers)) {
-      const std::string msg = TRITONSERVER_ErrorMessage(err);
+    if (TRITONSERVER_Error* err = TRITONBACKEND_InputProperties(input, nullptr, &dtype, &shape,
+                                                                &dims, nullptr, nullptr)) {
+      const std::string msg = message_of(err);
       TRITONSERVER_ErrorDelete(err);
-      throw error(errc::bad_input, name, detail::concat("input '", b.name, "': ", msg));
+      throw error(errc::bad_input, name, detail::concat("input '", b.decl->name, "': ", msg));
+    }
+    if (batch < 0) batch = batching && dims > 0 ? shape[0] : 1;
+    if (b.decl->kind == input_kind::string) {
+      if (dtype != TRITONSERVER_TYPE_BYTES) {
+        throw error(errc::bad_input, name,
+                    detail::concat("input '", b.decl->name, "' is ",
+                                   TRITONSERVER_DataTypeString(dtype), ", not BYTES"));
+      }
+      continue;
     }
     const auto scalar = scalar_type(dtype);
     if (!scalar) {
       throw error(errc::bad_input, name,
-                  detail::concat("input '", b.name, "' is ", TRITONSERVER_DataTypeString(dtype),
+                  detail::concat("input '", b.decl->name, "' is ",
+                                 TRITONSERVER_DataTypeString(dtype),
                                  ", which torchloom cannot pass to a model"));
     }
-    // Only the metadata is checked here; the data is gathered once for the whole batch.
-    out.push_back(at::empty(std::vector<std::int64_t>(shape, shape + dims),
-                            at::TensorOptions().dtype(*scalar).device(c10::kMeta)));
+    if (dict_) continue;  // Triton checked it against the config; the dict has no schema
+    std::vector<std::int64_t> sizes(shape, shape + dims);
+    if (b.decl->kind == input_kind::ragged) {
+      std::int64_t n = 1;
+      for (auto d : sizes) n *= d;
+      sizes = {n};
+    }
+    // The runner's own check, on a tensor that holds no data.
+    (void)detail::check_tensor_input(
+        name, sig, b.position,
+        at::empty(sizes, at::TensorOptions().dtype(*scalar).device(c10::kMeta)), c10::kMeta);
   }
+  if (!dict_) detail::check_input_count(name, sig, given);
+  return batch < 0 ? 1 : batch;
+}
+
+std::vector<c10::IValue> instance_state::run_model(std::vector<c10::IValue> values) {
+  std::vector<c10::IValue> out;
+  if (!dict_ && !strings_) {
+    // All tensors, in and out: the runner's path without boxing.
+    std::vector<at::Tensor> tensors;
+    tensors.reserve(values.size());
+    for (auto& v : values) tensors.push_back(std::move(v).toTensor());
+    for (auto& t : runner_->run_tensors(tensors)) out.emplace_back(std::move(t));
+    return out;
+  }
+  flatten_outputs(runner_->run_values(std::move(values)), out);
   return out;
 }
 
-void instance_state::run_batch(TRITONBACKEND_Request** requests, std::uint32_t count,
-                               std::vector<TRITONBACKEND_Response*>& responses,
-                               std::int64_t batch) {
-  const bool batching = model_->MaxBatchSize() > 0;
-  tb::BackendInputCollector collector(requests, count, &responses,
-                                      model_->TritonMemoryManager(), false, nullptr);
-  const std::vector<std::pair<TRITONSERVER_MemoryType, std::int64_t>> cpu = {
-      {TRITONSERVER_MEMORY_CPU_PINNED, 0}, {TRITONSERVER_MEMORY_CPU, 0}};
-  std::vector<at::Tensor> inputs;
-  for (const auto& b : inputs_) {
+void instance_state::flatten_outputs(const c10::IValue& v, std::vector<c10::IValue>& out) const {
+  // A tuple's elements are the outputs; nested tuples and lists of tensors are flattened, as
+  // the runner flattens them; a list of strings is one (TYPE_STRING) output.
+  if (v.isTensor()) {
+    out.push_back(v);
+  } else if (v.isTuple()) {
+    for (const auto& e : v.toTupleRef().elements()) flatten_outputs(e, out);
+  } else if (v.isList() && v.type()->isSubtypeOf(*c10::ListType::ofStrings())) {
+    out.push_back(v);
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorVector()) out.emplace_back(t);
+  } else if (v.isList()) {
+    for (const auto& e : v.toListRef()) flatten_outputs(e, out);
+  } else {
+    throw error(errc::run_failed, model_->spec().name,
+                detail::concat("the model returned ", detail::describe_ivalue(v),
+                               "; Triton takes tensors and lists of strings"));
+  }
+}
+
+// Gathers a TYPE_STRING input: every request's elements, in request order, into one list.
+// A request whose strings cannot be read gets its error and empty strings in its place, so
+// the rows of the others keep their positions.
+c10::List<std::string> instance_state::gather_strings(const input_decl& d, group& g) {
+  const std::string& name = model_->spec().name;
+  struct piece {
+    std::vector<char> host;  // a copy, where the request's buffer is not one host buffer
+    const char* data = nullptr;
+    std::size_t bytes = 0;
+    std::int64_t elements = 0;
+  };
+  std::vector<piece> pieces(g.requests.size());
+  bool copied = false;
+  for (std::size_t r = 0; r < g.requests.size(); ++r) {
+    if (g.responses[r] == nullptr) continue;
+    piece& p = pieces[r];
     TRITONBACKEND_Input* input = nullptr;
-    if (TRITONSERVER_Error* err = TRITONBACKEND_RequestInput(requests[0], b.name.c_str(), &input)) {
-      TRITONSERVER_ErrorDelete(err);
-      break;  // a trailing optional input, left out by every request of this batch
-    }
-    TRITONSERVER_DataType dtype;
     const std::int64_t* shape = nullptr;
-    std::uint32_t dims = 0;
-    RESPOND_ALL_AND_SET_NULL_IF_ERROR(responses, count,
-                                      TRITONBACKEND_InputProperties(input, nullptr, &dtype,
-                                                                    &shape, &dims, nullptr,
-                                                                    nullptr));
-    if (responses[0] == nullptr) return;
+    std::uint32_t rank = 0;
+    std::uint64_t bytes = 0;
+    std::uint32_t buffers = 0;
+    TRITONSERVER_Error* err = TRITONBACKEND_RequestInput(g.requests[r], d.name.c_str(), &input);
+    if (err == nullptr) {
+      err = TRITONBACKEND_InputPropertiesForHostPolicy(input, HostPolicyName().c_str(), nullptr,
+                                                       nullptr, &shape, &rank, &bytes, &buffers);
+    }
+    if (err != nullptr) {
+      RESPOND_AND_SET_NULL_IF_ERROR(&g.responses[r], err);
+      continue;
+    }
+    p.elements = 1;
+    for (std::uint32_t i = 0; i < rank; ++i) p.elements *= shape[i];
+    p.bytes = bytes;
+    std::size_t offset = 0;
+    for (std::uint32_t i = 0; i < buffers && err == nullptr; ++i) {
+      const void* data = nullptr;
+      std::uint64_t size = 0;
+      TRITONSERVER_MemoryType type = TRITONSERVER_MEMORY_CPU;
+      std::int64_t id = 0;
+      err = TRITONBACKEND_InputBufferForHostPolicy(input, HostPolicyName().c_str(), i, &data,
+                                                   &size, &type, &id);
+      if (err != nullptr) break;
+      if (buffers == 1 && type != TRITONSERVER_MEMORY_GPU) {
+        p.data = static_cast<const char*>(data);  // read in place
+        break;
+      }
+      if (p.host.empty()) p.host.resize(p.bytes);
+      if (size > p.bytes - offset) {
+        err = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG,
+                                    "string input buffers larger than the input");
+        break;
+      }
+      bool cuda = false;
+      err = tb::CopyBuffer("string input", type, id, TRITONSERVER_MEMORY_CPU, 0, size, data,
+                           p.host.data() + offset, CudaStream(), &cuda);
+      copied = copied || cuda;
+      offset += size;
+    }
+    if (!p.host.empty()) p.data = p.host.data();
+    if (err != nullptr) RESPOND_AND_SET_NULL_IF_ERROR(&g.responses[r], err);
+  }
+  if (copied) synchronize();
+  c10::List<std::string> list;
+  for (std::size_t r = 0; r < g.requests.size(); ++r) {
+    const piece& p = pieces[r];
+    const std::size_t before = list.size();
+    if (g.responses[r] != nullptr) {
+      try {
+        read_strings(name, d.name, p.data, p.bytes, p.elements, list);
+        continue;
+      } catch (const error& e) {
+        RESPOND_AND_SET_NULL_IF_ERROR(&g.responses[r], to_triton(e));
+      }
+    }
+    // A failed request keeps its rows, as empty strings.
+    while (list.size() > before) list.pop_back();
+    for (std::int64_t e = 0; e < g.rows[r]; ++e) list.push_back(std::string());
+  }
+  return list;
+}
+
+// Sends a TYPE_STRING output: each request gets its rows of the list (all of it without
+// batching), if it asked for the output. Returns whether a copy into device memory is queued.
+bool instance_state::send_strings(const output_decl& o, const c10::List<std::string>& list,
+                                  group& g, std::vector<std::string>& keep) {
+  const std::string& name = model_->spec().name;
+  const bool batching = model_->MaxBatchSize() > 0;
+  bool cuda = false;
+  std::size_t begin = 0;
+  for (std::size_t r = 0; r < g.requests.size(); ++r) {
+    const std::size_t end = batching ? begin + static_cast<std::size_t>(g.rows[r]) : list.size();
+    auto*& response = g.responses[r];
+    const bool wanted = response != nullptr && requested(g.requests[r], o.name);
+    const std::size_t first = begin;
+    begin = end;
+    if (!wanted) continue;
+    const std::int64_t shape = static_cast<std::int64_t>(end - first);
+    keep.push_back(write_strings(name, o.name, list, first, end));
+    const std::string& bytes = keep.back();
+    TRITONBACKEND_Output* output = nullptr;
+    void* buffer = nullptr;
+    TRITONSERVER_MemoryType type = TRITONSERVER_MEMORY_CPU;
+    std::int64_t id = 0;
+    TRITONSERVER_Error* err = TRITONBACKEND_ResponseOutput(response, &output, o.name.c_str(),
+                                                           TRITONSERVER_TYPE_BYTES, &shape, 1);
+    if (err == nullptr) err = TRITONBACKEND_OutputBuffer(output, &buffer, bytes.size(), &type, &id);
+    if (err == nullptr) {
+      bool used = false;
+      err = tb::CopyBuffer("string output", TRITONSERVER_MEMORY_CPU, 0, type, id, bytes.size(),
+                           bytes.data(), buffer, CudaStream(), &used);
+      cuda = cuda || used;
+    }
+    if (err != nullptr) RESPOND_AND_SET_NULL_IF_ERROR(&response, err);
+  }
+  return cuda;
+}
+
+bool instance_state::requested(TRITONBACKEND_Request* request, const std::string& output) {
+  std::uint32_t n = 0;
+  if (!succeeded(TRITONBACKEND_RequestOutputCount(request, &n))) return true;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    const char* o = nullptr;
+    if (succeeded(TRITONBACKEND_RequestOutputName(request, i, &o)) && output == o) return true;
+  }
+  return false;
+}
+
+void instance_state::run_group(group& g) {
+  const std::string& name = model_->spec().name;
+  const bool batching = model_->MaxBatchSize() > 0;
+  const auto count = static_cast<std::uint32_t>(g.requests.size());
+  auto* requests = g.requests.data();
+  auto& responses = g.responses;
+  const auto memory = input_memory();
+
+#if TORCHLOOM_HAS_CUDA
+  // Everything torch does for this group (the run, making outputs contiguous) goes on the
+  // instance's run stream, which caller_stream and the fenced policies take as the caller's.
+  // Not on Triton's stream of the instance: a new instance gets a new one, and torch keeps a
+  // cuBLAS workspace per stream it ran a GEMM on for the life of the process, so every model
+  // load would add workspaces. The run stream is leased (cuda::stream_lease) and goes back
+  // when the instance goes, for the next. The collector's and the responder's copies stay on
+  // Triton's stream, ordered before and after the run by fence().
+  std::optional<c10::cuda::CUDAStreamGuard> on_stream;
+  if (run_stream_) {
+    on_stream.emplace(c10::cuda::getStreamFromExternal(run_stream_.get(), device_.index()));
+  }
+#endif
+
+  // Gather. The collector lives as long as the run: its buffers back the input tensors, and
+  // an output may be one of them.
+  tb::BackendInputCollector collector(requests, count, &responses,
+                                      model_->TritonMemoryManager(),
+                                      model_->EnablePinnedInput(), CudaStream(), nullptr,
+                                      nullptr, 0, HostPolicyName().c_str());
+  std::vector<c10::IValue> values;
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& b : inputs_) {
+    const input_decl& d = *b.decl;
+    std::vector<std::int64_t> shape;
     const char* buffer = nullptr;
     std::size_t bytes = 0;
-    TRITONSERVER_MemoryType memory_type;
+    TRITONSERVER_MemoryType memory_type = TRITONSERVER_MEMORY_CPU;
     std::int64_t memory_id = 0;
-    RESPOND_ALL_AND_SET_NULL_IF_ERROR(
-        responses, count,
-        collector.ProcessTensor(b.name.c_str(), nullptr, 0, cpu, &buffer, &bytes, &memory_type,
-                                &memory_id));
-    if (responses[0] == nullptr) return;
-    std::vector<std::int64_t> full(shape, shape + dims);
-    if (batching && !full.empty()) full[0] = batch;
-    inputs.push_back(at::from_blob(const_cast<char*>(buffer), full,
-                                   at::TensorOptions().dtype(*scalar_type(dtype))));
-  }
-  collector.Finalize();
-  for (auto* r : responses) {
-    if (r == nullptr) return;  // gathering failed; those requests have their error
-  }
-
-  std::vector<at::Tensor> outputs;
-  const std::string& name = model_->spec().name;
-  try {
-    outputs = run(inputs);
-    for (auto& t : outputs) t = t.to(c10::kCPU).contiguous();
-    for (const auto& o : model_->outputs()) {
-      if (o.index >= outputs.size()) {
-        throw error(errc::run_failed, name,
-                    detail::concat("config.pbtxt declares output '", o.name, "' (output ",
-                                   o.index, "), but the model returned ", outputs.size(),
-                                   " tensors"));
+    if (d.kind == input_kind::batch) {
+      check_triton(collector.BatchInputShape(*d.batch, &shape), name,
+                   detail::concat("batch input '", d.name, "'"), errc::run_failed);
+      check_triton(collector.ProcessBatchInput(*d.batch, nullptr, 0, memory, &buffer, &bytes,
+                                               &memory_type, &memory_id),
+                   name, detail::concat("batch input '", d.name, "'"), errc::run_failed);
+    } else {
+      // The first request that still has a response and this input gives the shape.
+      TRITONBACKEND_Input* input = nullptr;
+      for (std::uint32_t r = 0; r < count && input == nullptr; ++r) {
+        if (responses[r] == nullptr) continue;
+        if (!succeeded(TRITONBACKEND_RequestInput(requests[r], d.name.c_str(), &input))) {
+          input = nullptr;
+        }
       }
-      const at::Tensor& t = outputs[o.index];
-      if (triton_type(t.scalar_type()) == TRITONSERVER_TYPE_INVALID) {
-        throw error(errc::run_failed, name,
-                    detail::concat("output '", o.name, "' is ", t.scalar_type(),
-                                   ", which Triton has no data type for"));
+      if (input == nullptr) break;  // a trailing optional input, left out by this batch
+      if (d.kind == input_kind::string) {
+        values.emplace_back(gather_strings(d, g));
+        continue;
       }
-      if (o.dtype && t.scalar_type() != *o.dtype) {
-        throw error(errc::run_failed, name,
-                    detail::concat("output '", o.name, "' is ", t.scalar_type(),
-                                   " but config.pbtxt declares ", *o.dtype));
-      }
-      if (batching && (t.dim() == 0 || t.size(0) != batch)) {
-        throw error(errc::run_failed, name,
-                    detail::concat("output '", o.name, "' has shape ", t.sizes(),
-                                   "; a batch of ", batch, " needs ", batch,
-                                   " rows in its first dimension"));
+      const std::int64_t* dims = nullptr;
+      std::uint32_t rank = 0;
+      check_triton(TRITONBACKEND_InputProperties(input, nullptr, nullptr, &dims, &rank, nullptr,
+                                                 nullptr),
+                   name, detail::concat("input '", d.name, "'"), errc::run_failed);
+      shape.assign(dims, dims + rank);
+      if (batching && !shape.empty()) shape[0] = g.batch;
+      check_triton(collector.ProcessTensor(d.name.c_str(), nullptr, 0, memory, &buffer, &bytes,
+                                           &memory_type, &memory_id),
+                   name, detail::concat("input '", d.name, "'"), errc::run_failed);
+      if (d.kind == input_kind::ragged) {
+        shape = {static_cast<std::int64_t>(bytes / c10::elementSize(*d.dtype))};
       }
     }
-  } catch (const error& e) {
-    for (auto& r : responses) {
-      RESPOND_AND_SET_NULL_IF_ERROR(&r, to_triton(e));
+    const auto options = at::TensorOptions().dtype(*d.dtype).device(
+        memory_type == TRITONSERVER_MEMORY_GPU
+            ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(memory_id))
+            : c10::Device(c10::kCPU));
+    at::Tensor t = bytes == 0 ? at::empty(shape, options)
+                              : at::from_blob(const_cast<char*>(buffer), shape, options);
+    if (dict_) {
+      dict.insert(d.name, t);
+    } else {
+      values.emplace_back(std::move(t));
     }
+  }
+  if (collector.Finalize()) synchronize();
+  fence(false);  // the run after the collector's copies
+  // A request the collector could not gather has its error; the others run. Its rows stay
+  // in the batch (the responder skips them by its shape).
+  if (std::none_of(responses.begin(), responses.end(), [](auto* r) { return r != nullptr; })) {
     return;
   }
 
-  tb::BackendOutputResponder responder(requests, count, &responses,
-                                       model_->TritonMemoryManager(), batching, false, nullptr);
-  for (const auto& o : model_->outputs()) {
-    const at::Tensor& t = outputs[o.index];
-    std::vector<std::int64_t> shape(t.sizes().begin(), t.sizes().end());
-    responder.ProcessTensor(o.name, triton_type(t.scalar_type()), shape,
-                            static_cast<const char*>(t.data_ptr()), TRITONSERVER_MEMORY_CPU, 0);
+  g.compute_start = now_ns();
+  if (dict_) values = {c10::IValue(std::move(dict))};
+  const std::vector<c10::IValue> outputs = run_model(std::move(values));
+  // Each output is checked before any is sent: a bad one fails the whole batch.
+  std::vector<at::Tensor> out_tensors(model_->outputs().size());
+  for (std::size_t i = 0; i < model_->outputs().size(); ++i) {
+    const output_decl& o = model_->outputs()[i];
+    const std::size_t index = output_index_[i];
+    if (index >= outputs.size()) {
+      throw error(errc::run_failed, name,
+                  detail::concat("the model configuration's ", o.state ? "state output '"
+                                                                     : "output '",
+                                 o.name, "' is output ", index, " of the model, but it returned ",
+                                 outputs.size()));
+    }
+    const c10::IValue& v = outputs[index];
+    if (o.is_string) {
+      if (!v.isList() || !v.type()->isSubtypeOf(*c10::ListType::ofStrings())) {
+        throw error(errc::run_failed, name,
+                    detail::concat("output '", o.name, "' is TYPE_STRING, but the model returned ",
+                                   detail::describe_ivalue(v), " for it, not a List[str]"));
+      }
+      const auto n = static_cast<std::int64_t>(v.toListRef().size());
+      if (batching && n != g.batch) {
+        throw error(errc::run_failed, name,
+                    detail::concat("output '", o.name, "' has ", n, " strings; a batch of ",
+                                   g.batch, " needs one per row"));
+      }
+      continue;
+    }
+    if (!v.isTensor()) {
+      throw error(errc::run_failed, name,
+                  detail::concat("output '", o.name, "' is ", detail::describe_ivalue(v),
+                                 ", not a tensor"));
+    }
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) {
+      throw error(errc::run_failed, name,
+                  detail::concat("output '", o.name, "' is an undefined tensor"));
+    }
+    if (t.layout() != c10::kStrided || !(t.device().is_cpu() || t.device().is_cuda())) {
+      throw error(errc::run_failed, name,
+                  detail::concat("output '", o.name, "' is a ", t.layout(), " tensor on ",
+                                 t.device(), "; Triton takes dense tensors in CPU or CUDA "
+                                 "memory"));
+    }
+    if (triton_type(t.scalar_type()) == TRITONSERVER_TYPE_INVALID) {
+      throw error(errc::run_failed, name,
+                  detail::concat("output '", o.name, "' is ", t.scalar_type(),
+                                 ", which Triton has no data type for"));
+    }
+    if (o.dtype && t.scalar_type() != *o.dtype) {
+      throw error(errc::run_failed, name,
+                  detail::concat("output '", o.name, "' is ", t.scalar_type(),
+                                 " but the model configuration declares ", *o.dtype));
+    }
+    if (batching && !o.batch && (t.dim() == 0 || t.size(0) != g.batch)) {
+      throw error(errc::run_failed, name,
+                  detail::concat("output '", o.name, "' has shape ", t.sizes(), "; a batch of ",
+                                 g.batch, " needs ", g.batch, " rows in its first dimension"));
+    }
+    out_tensors[i] = t.contiguous();
   }
-  responder.Finalize();
+  wait_for_device();
+  g.compute_end = now_ns();
+  fence(true);  // the responder's copies after the run
+
+  tb::BackendOutputResponder responder(requests, count, &responses,
+                                       model_->TritonMemoryManager(), batching,
+                                       model_->EnablePinnedOutput(), CudaStream());
+  std::vector<TRITONBACKEND_State*> states;
+  std::vector<std::string> serialized;  // string outputs, until their copies are done
+  serialized.reserve(count * model_->outputs().size());
+  bool copies = false;
+  for (std::size_t i = 0; i < model_->outputs().size(); ++i) {
+    const output_decl& o = model_->outputs()[i];
+    if (o.is_string) {
+      copies = send_strings(o, outputs[output_index_[i]].to<c10::List<std::string>>(), g,
+                            serialized) ||
+               copies;
+      continue;
+    }
+    const at::Tensor& t = out_tensors[i];
+    std::vector<std::int64_t> shape(t.sizes().begin(), t.sizes().end());
+    const auto memory_type = t.is_cuda() ? TRITONSERVER_MEMORY_GPU : TRITONSERVER_MEMORY_CPU;
+    const std::int64_t memory_id = t.is_cuda() ? t.device().index() : 0;
+    const auto* data = static_cast<const char*>(t.data_ptr());
+    if (o.state) {
+      auto s = responder.ProcessStateTensor(o.name, triton_type(t.scalar_type()), shape, data,
+                                            memory_type, memory_id);
+      states.insert(states.end(), s.begin(), s.end());
+    } else if (o.batch) {
+      responder.ProcessBatchOutput(o.name, *o.batch, data, memory_type, memory_id);
+    } else {
+      responder.ProcessTensor(o.name, triton_type(t.scalar_type()), shape, data, memory_type,
+                              memory_id);
+    }
+  }
+  copies = responder.Finalize() || copies;
+  if (copies) synchronize();
+  for (auto* s : states) {
+    if (TRITONSERVER_Error* err = TRITONBACKEND_StateUpdate(s)) {
+      RESPOND_ALL_AND_SET_NULL_IF_ERROR(responses, count, err);
+    }
+  }
+  g.ran = true;
 }
 
 void instance_state::execute(TRITONBACKEND_Request** requests, std::uint32_t count) {
   const std::uint64_t exec_start = now_ns();
+  const std::string& name = model_->spec().name;
   std::vector<TRITONBACKEND_Response*> responses(count, nullptr);
   for (std::uint32_t r = 0; r < count; ++r) {
-    if (TRITONSERVER_Error* err = TRITONBACKEND_ResponseNew(&responses[r], requests[r])) {
-      TRITONSERVER_ErrorDelete(err);
-      responses[r] = nullptr;
-    }
+    if (!succeeded(TRITONBACKEND_ResponseNew(&responses[r], requests[r]))) responses[r] = nullptr;
   }
 
   // Each request on its own against what the runner declares: a bad one gets its own error
-  // and leaves the batch.
+  // and leaves the batch. A model without a batch dimension runs each request on its own.
   const bool batching = model_->MaxBatchSize() > 0;
-  std::vector<TRITONBACKEND_Request*> good;
-  std::vector<TRITONBACKEND_Response*> good_responses;
-  std::vector<std::uint32_t> good_index;
-  std::int64_t batch = 0;
-  const std::string& name = model_->spec().name;
+  std::vector<group> groups;
   for (std::uint32_t r = 0; r < count; ++r) {
     if (responses[r] == nullptr) continue;
-    try {
-      const std::vector<at::Tensor> views = request_views(requests[r]);
-      // The runner's own check, on tensors that hold no data.
-      (void)detail::check_tensor_inputs(name, runner_->inputs(), views, c10::kMeta);
-      batch += batching && !views.empty() && views[0].dim() > 0 ? views[0].size(0) : 1;
-    } catch (const error& e) {
-      RESPOND_AND_SET_NULL_IF_ERROR(&responses[r], to_triton(e));
-      continue;
-    } catch (const std::exception& e) {
-      RESPOND_AND_SET_NULL_IF_ERROR(&responses[r],
-                                    to_triton(error(errc::bad_input, name, e.what())));
+    std::int64_t rows = 1;
+    if (TRITONSERVER_Error* err =
+            call_guarded(name, errc::bad_input, [&] { rows = check_request(requests[r]); })) {
+      RESPOND_AND_SET_NULL_IF_ERROR(&responses[r], err);
       continue;
     }
-    good.push_back(requests[r]);
-    good_responses.push_back(responses[r]);
-    good_index.push_back(r);
+    if (groups.empty() || !batching) groups.emplace_back();
+    groups.back().requests.push_back(requests[r]);
+    groups.back().responses.push_back(responses[r]);
+    groups.back().index.push_back(r);
+    groups.back().rows.push_back(rows);
+    groups.back().batch += rows;
   }
 
-  const std::uint64_t compute_start = now_ns();
-  if (!good.empty()) {
-    if (batching) {
-      run_batch(good.data(), static_cast<std::uint32_t>(good.size()), good_responses, batch);
-    } else {
-      // A model without a batch dimension runs each request on its own.
-      for (std::size_t i = 0; i < good.size(); ++i) {
-        std::vector<TRITONBACKEND_Response*> one{good_responses[i]};
-        run_batch(&good[i], 1, one, 1);
-        good_responses[i] = one[0];
+  for (auto& g : groups) {
+    // Whatever escapes the run (a torchloom error, a c10::Error, an asynchronous CUDA error
+    // surfacing in a copy) fails the requests of this group that have no answer yet.
+    if (TRITONSERVER_Error* err = call_guarded(name, errc::run_failed, [&] { run_group(g); })) {
+      const std::string msg = message_of(err);
+      const auto code = TRITONSERVER_ErrorCode(err);
+      TRITONSERVER_ErrorDelete(err);
+      for (auto*& r : g.responses) {
+        if (r == nullptr) continue;
+        RESPOND_AND_SET_NULL_IF_ERROR(&r, TRITONSERVER_ErrorNew(code, msg.c_str()));
+      }
+      g.ran = false;
+    }
+    for (std::size_t i = 0; i < g.index.size(); ++i) responses[g.index[i]] = g.responses[i];
+    if (!g.ran) {
+      for (std::size_t i = 0; i < g.index.size(); ++i) {
+        auto*& r = responses[g.index[i]];
+        if (r == nullptr) continue;  // already answered with its error
+        RESPOND_AND_SET_NULL_IF_ERROR(
+            &r, TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL,
+                                      detail::concat("torchloom: model '", name,
+                                                     "': the batch was not run").c_str()));
       }
     }
   }
-  const std::uint64_t compute_end = now_ns();
 
   std::vector<bool> ok(count, false);
-  for (std::size_t i = 0; i < good.size(); ++i) {
-    if (good_responses[i] != nullptr) {
-      ok[good_index[i]] = true;
-      LOG_IF_ERROR(TRITONBACKEND_ResponseSend(good_responses[i],
-                                              TRITONSERVER_RESPONSE_COMPLETE_FINAL, nullptr),
-                   "torchloom: failed to send a response");
-    }
+  for (std::uint32_t r = 0; r < count; ++r) {
+    if (responses[r] == nullptr) continue;
+    ok[r] = true;
+    LOG_IF_ERROR(TRITONBACKEND_ResponseSend(responses[r], TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                                            nullptr),
+                 "torchloom: failed to send a response");
   }
   const std::uint64_t exec_end = now_ns();
+  // The outputs are gone with run_group's scope: what the caching allocator holds now is
+  // free.
+  if (model_->cache_cleaning()) empty_cache();
+
+  std::vector<std::uint64_t> compute_start(count, exec_start);
+  std::vector<std::uint64_t> compute_end(count, exec_start);
+  for (const auto& g : groups) {
+    for (const auto r : g.index) {
+      compute_start[r] = g.compute_start ? g.compute_start : exec_start;
+      compute_end[r] = g.compute_end ? g.compute_end : compute_start[r];
+    }
+  }
   for (std::uint32_t r = 0; r < count; ++r) {
     LOG_IF_ERROR(TRITONBACKEND_ModelInstanceReportStatistics(TritonModelInstance(), requests[r],
-                                                             ok[r], exec_start, compute_start,
-                                                             compute_end, exec_end),
+                                                             ok[r], exec_start, compute_start[r],
+                                                             compute_end[r], exec_end),
                  "torchloom: failed to report statistics");
   }
-  if (!good.empty()) {
+  for (const auto& g : groups) {
+    if (!g.ran) continue;  // no execution happened for Triton to count
     LOG_IF_ERROR(TRITONBACKEND_ModelInstanceReportBatchStatistics(
-                     TritonModelInstance(), static_cast<std::uint64_t>(batch), exec_start,
-                     compute_start, compute_end, exec_end),
+                     TritonModelInstance(), static_cast<std::uint64_t>(g.batch), exec_start,
+                     g.compute_start, g.compute_end, exec_end),
                  "torchloom: failed to report batch statistics");
   }
   for (std::uint32_t r = 0; r < count; ++r) {
@@ -570,15 +1382,13 @@ TRITONSERVER_Error* TRITONBACKEND_Initialize(TRITONBACKEND_Backend* backend) {
 TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
   const char* name = "";
   RETURN_IF_ERROR(TRITONBACKEND_ModelName(model, &name));
-  tlb::model_state* state = nullptr;
-  RETURN_IF_ERROR(tlb::guarded(name, [&] {
-    try {
-      state = new tlb::model_state(model);
-    } catch (const triton::backend::BackendModelException& e) {
-      throw std::runtime_error(e.err_ ? TRITONSERVER_ErrorMessage(e.err_) : "model state");
-    }
+  std::unique_ptr<tlb::model_state> state;
+  RETURN_IF_ERROR(tlb::call_guarded(name, torchloom::errc::load_failed, [&] {
+    state = std::make_unique<tlb::model_state>(model);
   }));
-  return TRITONBACKEND_ModelSetState(model, state);
+  RETURN_IF_ERROR(TRITONBACKEND_ModelSetState(model, state.get()));
+  state.release();
+  return nullptr;
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model) {
@@ -594,15 +1404,13 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelIns
   void* model_state = nullptr;
   RETURN_IF_ERROR(TRITONBACKEND_ModelState(model, &model_state));
   auto* ms = static_cast<tlb::model_state*>(model_state);
-  tlb::instance_state* state = nullptr;
-  RETURN_IF_ERROR(tlb::guarded(ms->spec().name, [&] {
-    try {
-      state = new tlb::instance_state(ms, instance);
-    } catch (const triton::backend::BackendModelInstanceException& e) {
-      throw std::runtime_error(e.err_ ? TRITONSERVER_ErrorMessage(e.err_) : "model instance");
-    }
+  std::unique_ptr<tlb::instance_state> state;
+  RETURN_IF_ERROR(tlb::call_guarded(ms->spec().name, torchloom::errc::load_failed, [&] {
+    state = std::make_unique<tlb::instance_state>(ms, instance);
   }));
-  return TRITONBACKEND_ModelInstanceSetState(instance, state);
+  RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceSetState(instance, state.get()));
+  state.release();
+  return nullptr;
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance* instance) {
@@ -617,7 +1425,14 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
                                                        const std::uint32_t request_count) {
   void* state = nullptr;
   RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceState(instance, &state));
-  static_cast<tlb::instance_state*>(state)->execute(requests, request_count);
+  auto* is = static_cast<tlb::instance_state*>(state);
+  // execute() answers and releases every request; nothing it throws reaches the core.
+  if (TRITONSERVER_Error* err = tlb::call_guarded(is->model()->spec().name,
+                                                  torchloom::errc::run_failed,
+                                                  [&] { is->execute(requests, request_count); })) {
+    LOG_MESSAGE(TRITONSERVER_LOG_ERROR, tlb::message_of(err).c_str());
+    TRITONSERVER_ErrorDelete(err);
+  }
   return nullptr;
 }
 

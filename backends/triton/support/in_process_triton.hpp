@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <cstdlib>
 #include <cstring>
 #include <future>
@@ -40,13 +41,68 @@ struct triton_error {
   std::string message;
 };
 
-//! One input of a request. `data` must stay valid until infer() returns.
+//! One input of a request. `data` must stay valid until infer() returns. `pieces` > 1 hands
+//! the data to Triton as that many buffers (the last one takes the remainder), as a client
+//! that sends an input in parts does.
 struct tensor_in {
   std::string name;
   TRITONSERVER_DataType dtype = TRITONSERVER_TYPE_FP32;
   std::vector<std::int64_t> shape;
   const void* data = nullptr;
   std::size_t bytes = 0;
+  TRITONSERVER_MemoryType memory_type = TRITONSERVER_MEMORY_CPU;
+  std::int64_t memory_id = 0;
+  std::size_t pieces = 1;
+};
+
+//! Triton's wire format of a TYPE_STRING (BYTES) tensor: each element as a 4-byte
+//! little-endian length and its bytes.
+inline std::string serialize_strings(const std::vector<std::string>& elements) {
+  std::string out;
+  for (const auto& e : elements) {
+    const auto n = static_cast<std::uint32_t>(e.size());
+    for (int b = 0; b < 4; ++b) out.push_back(static_cast<char>((n >> (8 * b)) & 0xff));
+    out += e;
+  }
+  return out;
+}
+
+//! The elements of a BYTES tensor in Triton's wire format; throws on a malformed buffer.
+inline std::vector<std::string> deserialize_strings(const char* data, std::size_t bytes) {
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  while (at < bytes) {
+    if (bytes - at < 4) throw std::runtime_error("truncated string length");
+    std::uint32_t n = 0;
+    for (int b = 0; b < 4; ++b) {
+      n |= static_cast<std::uint32_t>(static_cast<unsigned char>(data[at + b])) << (8 * b);
+    }
+    at += 4;
+    if (bytes - at < n) throw std::runtime_error("truncated string");
+    out.emplace_back(data + at, n);
+    at += n;
+  }
+  return out;
+}
+
+//! Where the response's outputs go: `alloc` gives a buffer of the size asked for and says
+//! which memory it is in, `release` frees it, `to_host` copies such a buffer into host
+//! memory. The default is malloc'ed CPU memory.
+struct output_memory {
+  std::function<void*(std::size_t bytes, TRITONSERVER_MemoryType* type, std::int64_t* id)>
+      alloc;
+  std::function<void(void* buffer, TRITONSERVER_MemoryType type, std::int64_t id)> release;
+  std::function<void(void* host, const void* buffer, std::size_t bytes,
+                     TRITONSERVER_MemoryType type, std::int64_t id)>
+      to_host;
+};
+
+//! What a request carries besides its inputs.
+struct request_options {
+  std::uint64_t correlation_id = 0;  //!< sequence batching: the sequence
+  std::uint32_t flags = 0;           //!< TRITONSERVER_REQUEST_FLAG_SEQUENCE_START / _END
+  std::vector<std::string> outputs;  //!< the outputs asked for; empty: all of them
+  const output_memory* memory = nullptr;  //!< where outputs go; null: CPU memory
 };
 
 //! One output of a response, copied out of Triton's buffer.
@@ -55,6 +111,10 @@ struct tensor_out {
   TRITONSERVER_DataType dtype = TRITONSERVER_TYPE_INVALID;
   std::vector<std::int64_t> shape;
   std::vector<char> data;
+  TRITONSERVER_MemoryType memory_type = TRITONSERVER_MEMORY_CPU;  //!< where Triton had it
+
+  //! The elements of a BYTES output.
+  std::vector<std::string> strings() const { return deserialize_strings(data.data(), data.size()); }
 
   template <class T>
   const T* as() const {
@@ -129,6 +189,17 @@ class server {
   std::optional<triton_error> load(const std::string& model) {
     return take(TRITONSERVER_ServerLoadModel(server_, model.c_str()));
   }
+  //! Loads (or reloads) `model` with `config_json` (Triton's model configuration as JSON)
+  //! instead of the config.pbtxt in its directory, as the load API's "config" parameter does.
+  std::optional<triton_error> load_with_config(const std::string& model,
+                                               const std::string& config_json) {
+    TRITONSERVER_Parameter* p =
+        TRITONSERVER_ParameterNew("config", TRITONSERVER_PARAMETER_STRING, config_json.c_str());
+    const TRITONSERVER_Parameter* params[] = {p};
+    auto err = take(TRITONSERVER_ServerLoadModelWithParameters(server_, model.c_str(), params, 1));
+    TRITONSERVER_ParameterDelete(p);
+    return err;
+  }
   //! Unloads `model` and waits until Triton has let go of it.
   void unload(const std::string& model) {
     check(TRITONSERVER_ServerUnloadModel(server_, model.c_str()), "unload " + model);
@@ -165,6 +236,13 @@ class server {
     return field(index_entry(model), "reason");
   }
 
+  //! The model's configuration as Triton's core holds it (what a backend is handed), as JSON.
+  std::string model_config(const std::string& model) const {
+    TRITONSERVER_Message* msg = nullptr;
+    check(TRITONSERVER_ServerModelConfig(server_, model.c_str(), -1, 1, &msg), "model config");
+    return text(msg);
+  }
+
   //! The model's statistics as Triton reports them, as JSON text.
   std::string statistics(const std::string& model) const {
     TRITONSERVER_Message* msg = nullptr;
@@ -179,25 +257,59 @@ class server {
     if (at == std::string::npos) throw triton_failure("no " + key + " in " + json);
     return std::strtoull(json.c_str() + at + key.size(), nullptr, 10);
   }
+  //! One duration statistic of the model: `part` is "success", "fail", "queue",
+  //! "compute_input", "compute_infer" or "compute_output"; `what` is "count" or "ns".
+  std::uint64_t duration(const std::string& model, std::string_view part,
+                         std::string_view what) const {
+    const std::string json = statistics(model);
+    const std::string key = "\"" + std::string(part) + "\":{";
+    const auto at = json.find(key);
+    if (at == std::string::npos) throw triton_failure("no " + key + " in " + json);
+    const std::string inner = "\"" + std::string(what) + "\":";
+    const auto end = json.find('}', at);
+    const auto field_at = json.find(inner, at);
+    if (field_at == std::string::npos || field_at > end) {
+      throw triton_failure("no " + inner + " in " + json.substr(at, end - at));
+    }
+    return std::strtoull(json.c_str() + field_at + inner.size(), nullptr, 10);
+  }
 
   //! Sends one request and waits for its response.
-  infer_result infer(const std::string& model, const std::vector<tensor_in>& inputs) {
+  infer_result infer(const std::string& model, const std::vector<tensor_in>& inputs,
+                     const request_options& options = {}) {
     TRITONSERVER_InferenceRequest* req = nullptr;
     check(TRITONSERVER_InferenceRequestNew(&req, server_, model.c_str(), -1), "RequestNew");
     for (const auto& in : inputs) {
       check(TRITONSERVER_InferenceRequestAddInput(req, in.name.c_str(), in.dtype,
                                                   in.shape.data(), in.shape.size()),
             "AddInput");
-      check(TRITONSERVER_InferenceRequestAppendInputData(req, in.name.c_str(), in.data,
-                                                         in.bytes, TRITONSERVER_MEMORY_CPU, 0),
-            "AppendInputData");
+      const std::size_t pieces = in.pieces == 0 ? 1 : in.pieces;
+      const std::size_t piece = in.bytes / pieces;
+      for (std::size_t p = 0; p < pieces; ++p) {
+        const std::size_t size = p + 1 == pieces ? in.bytes - piece * p : piece;
+        check(TRITONSERVER_InferenceRequestAppendInputData(
+                  req, in.name.c_str(), static_cast<const char*>(in.data) + piece * p, size,
+                  in.memory_type, in.memory_id),
+              "AppendInputData");
+      }
+    }
+    if (options.correlation_id != 0) {
+      check(TRITONSERVER_InferenceRequestSetCorrelationId(req, options.correlation_id),
+            "SetCorrelationId");
+    }
+    if (options.flags != 0) {
+      check(TRITONSERVER_InferenceRequestSetFlags(req, options.flags), "SetFlags");
+    }
+    for (const auto& o : options.outputs) {
+      check(TRITONSERVER_InferenceRequestAddRequestedOutput(req, o.c_str()), "RequestedOutput");
     }
     std::promise<void> released;
     check(TRITONSERVER_InferenceRequestSetReleaseCallback(req, &on_release, &released),
           "SetReleaseCallback");
     std::promise<TRITONSERVER_InferenceResponse*> response;
-    check(TRITONSERVER_InferenceRequestSetResponseCallback(req, allocator_, nullptr,
-                                                           &on_response, &response),
+    check(TRITONSERVER_InferenceRequestSetResponseCallback(
+              req, allocator_, const_cast<output_memory*>(options.memory), &on_response,
+              &response),
           "SetResponseCallback");
     if (auto err = take(TRITONSERVER_ServerInferAsync(server_, req, nullptr))) {
       TRITONSERVER_InferenceRequestDelete(req);
@@ -224,8 +336,13 @@ class server {
         check(TRITONSERVER_InferenceResponseOutput(resp, i, &name, &dtype, &shape, &dims, &base,
                                                    &bytes, &mt, &mid, &userp),
               "ResponseOutput");
-        tensor_out out{name, dtype, std::vector<std::int64_t>(shape, shape + dims), {}};
-        out.data.assign(static_cast<const char*>(base), static_cast<const char*>(base) + bytes);
+        tensor_out out{name, dtype, std::vector<std::int64_t>(shape, shape + dims), {}, mt};
+        if (mt == TRITONSERVER_MEMORY_GPU && options.memory && options.memory->to_host) {
+          out.data.resize(bytes);
+          options.memory->to_host(out.data.data(), base, bytes, mt, mid);
+        } else {
+          out.data.assign(static_cast<const char*>(base), static_cast<const char*>(base) + bytes);
+        }
         result.outputs.push_back(std::move(out));
       }
     }
@@ -262,16 +379,27 @@ class server {
   }
   static TRITONSERVER_Error* alloc(TRITONSERVER_ResponseAllocator*, const char*,
                                    std::size_t size, TRITONSERVER_MemoryType, std::int64_t,
-                                   void*, void** buffer, void** buffer_userp,
+                                   void* userp, void** buffer, void** buffer_userp,
                                    TRITONSERVER_MemoryType* type, std::int64_t* id) {
+    const auto* memory = static_cast<const output_memory*>(userp);
+    *buffer_userp = userp;
+    if (memory && memory->alloc) {
+      *buffer = size ? memory->alloc(size, type, id) : nullptr;
+      return nullptr;
+    }
     *buffer = size ? std::malloc(size) : nullptr;
-    *buffer_userp = nullptr;
     *type = TRITONSERVER_MEMORY_CPU;
     *id = 0;
     return nullptr;
   }
-  static TRITONSERVER_Error* release(TRITONSERVER_ResponseAllocator*, void* buffer, void*,
-                                     std::size_t, TRITONSERVER_MemoryType, std::int64_t) {
+  static TRITONSERVER_Error* release(TRITONSERVER_ResponseAllocator*, void* buffer,
+                                     void* buffer_userp, std::size_t,
+                                     TRITONSERVER_MemoryType type, std::int64_t id) {
+    const auto* memory = static_cast<const output_memory*>(buffer_userp);
+    if (memory && memory->release) {
+      if (buffer) memory->release(buffer, type, id);
+      return nullptr;
+    }
     std::free(buffer);
     return nullptr;
   }

@@ -47,6 +47,8 @@ inline TRITONSERVER_DataType triton_dtype(c10::ScalarType t) {
   switch (t) {
     case c10::kFloat:
       return TRITONSERVER_TYPE_FP32;
+    case c10::kHalf:
+      return TRITONSERVER_TYPE_FP16;
     case c10::kLong:
       return TRITONSERVER_TYPE_INT64;
     case c10::kInt:
@@ -72,6 +74,9 @@ inline at::Tensor tensor_of(const tt::tensor_out& o) {
   switch (o.dtype) {
     case TRITONSERVER_TYPE_FP32:
       t = c10::kFloat;
+      break;
+    case TRITONSERVER_TYPE_FP16:
+      t = c10::kHalf;
       break;
     case TRITONSERVER_TYPE_INT64:
       t = c10::kLong;

@@ -31,6 +31,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -585,6 +586,105 @@ TEST_CASE(
   INFO(reason);
   CHECK(reason.find("INFERENCE_MODE") != std::string::npos);
   CHECK(reason.find("maybe") != std::string::npos);
+}
+
+TEST_CASE(
+    "torch_aoti: Triton's README model (dict and keyword inputs, a dict of tuples and dicts "
+    "out) served by its forward-based and ordinal names, in any order, as the package computes "
+    "it; a name the package lacks fails the load with the names it has",
+    "[cuda][aoti]") {
+  TORCHLOOM_REQUIRE_GPU_CORE();
+  TORCHLOOM_REQUIRE_AOTI_FIXTURE(package, "dict_io_aoti");
+  const fs::path file = package / "1" / "model.pt2";
+  // The fixture's config.pbtxt as Triton's README writes it, less its name and backend lines
+  // (write_model writes its own): outputs in another order than the call spec's.
+  std::string body;
+  {
+    std::ifstream in(package / "config.pbtxt");
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("name:", 0) == 0 || line.rfind("backend:", 0) == 0) continue;
+      body += line + "\n";
+    }
+  }
+  REQUIRE(body.find("RESULT[ZZZ]") != std::string::npos);
+  // What the fixture script saved: the inputs (in0, in1, ...) and the eager outputs (out0,
+  // out1, ...) in the call spec's order.
+  const auto holder = torch::jit::load((package / "reference.pt").string());
+  std::vector<at::Tensor> in;
+  std::vector<at::Tensor> out;
+  for (const auto& b : holder.named_buffers()) {
+    if (b.name.rfind("in", 0) == 0) in.push_back(b.value.cpu().contiguous());
+    if (b.name.rfind("out", 0) == 0) out.push_back(b.value.cpu());
+  }
+  const std::vector<std::string> inputs = {"ARGS[0]",       "ARGS[1]",        "ARGS[2][keyA]",
+                                           "ARGS[2][key2]", "KWARGS[kwarg1]", "KWARGS[kw_arg2]"};
+  const std::vector<std::string> outputs = {
+      "RESULT[AAA]",       "RESULT[ZZZ]",       "RESULT[BBB][0]",  "RESULT[BBB][1]",
+      "RESULT[CCC][keyA]", "RESULT[CCC][key2]", "RESULT[DDD][KA]", "RESULT[DDD][KB]"};
+  REQUIRE(in.size() == inputs.size());
+  REQUIRE(out.size() == outputs.size());
+  // `names[i]` is the name the config gives output i of the call spec.
+  const auto check = [&](const std::string& model, const std::vector<std::string>& in_names,
+                         const std::vector<std::string>& names) {
+    std::vector<tt::tensor_in> request;
+    for (std::size_t i = 0; i < in.size(); ++i) request.push_back(input(in_names[i], in[i]));
+    const auto r = core().server->infer(model, request);
+    INFO(model << ": " << (r.error ? r.error->message : std::string()));
+    REQUIRE_FALSE(r.error.has_value());
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      INFO(names[i] << " is " << outputs[i]);
+      const tt::tensor_out* o = output_named(r, names[i]);
+      REQUIRE(o != nullptr);
+      const at::Tensor got = tensor_of(*o);
+      CHECK(got.sizes() == out[i].sizes());
+      CHECK(torch::allclose(got.to(torch::kDouble), out[i].to(torch::kDouble), 1e-3, 1e-3));
+    }
+  };
+  tt::write_model(core().repository, "readme_aoti_torchloom", "torchloom", body, file);
+  require_load("readme_aoti_torchloom");
+  check("readme_aoti_torchloom", inputs, outputs);
+  if (core().peer) {  // Triton's PyTorch backend (main) names them alike: the same bytes
+    tt::write_model(core().repository, "readme_aoti_pytorch", "pytorch", body, file);
+    require_load("readme_aoti_pytorch");
+    std::vector<tt::tensor_in> request;
+    for (std::size_t i = 0; i < in.size(); ++i) request.push_back(input(inputs[i], in[i]));
+    const std::string why = difference(core().server->infer("readme_aoti_pytorch", request),
+                                       core().server->infer("readme_aoti_torchloom", request));
+    INFO(why);
+    CHECK(why.empty());
+  }
+  // Ordinal names for the inputs; the outputs mixed, ordinal and forward-based, listed
+  // backwards (Triton's __<index> rule alone would refuse RESULT[...] beside OUTPUT__<i>).
+  const std::string fp16 = " data_type: TYPE_FP16 dims: [ 1, 16 ] }";
+  std::string mixed = "platform: \"torch_aoti\"\nmax_batch_size: 0\ninput [\n";
+  std::vector<std::string> ordinal_inputs;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    ordinal_inputs.push_back("INPUT__" + std::to_string(i));
+    mixed += std::string(i ? "," : " ") + " { name: \"" + ordinal_inputs.back() + "\"" + fp16 +
+             "\n";
+  }
+  std::vector<std::string> mixed_outputs;
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    mixed_outputs.push_back(i % 2 ? "OUTPUT__" + std::to_string(i) : outputs[i]);
+  }
+  mixed += "]\noutput [\n";
+  for (std::size_t k = outputs.size(); k-- > 0;) {
+    mixed += std::string(k + 1 < outputs.size() ? "," : " ") + " { name: \"" +
+             mixed_outputs[k] + "\"" + fp16 + "\n";
+  }
+  mixed += "]\n" + instances(true);
+  tt::write_model(core().repository, "readme_aoti_mixed", "torchloom", mixed, file);
+  require_load("readme_aoti_mixed");
+  check("readme_aoti_mixed", ordinal_inputs, mixed_outputs);
+  // A name the package does not have.
+  std::string wrong = body;
+  wrong.replace(wrong.find("RESULT[ZZZ]"), 11, "RESULT[YYY]");
+  tt::write_model(core().repository, "readme_aoti_wrong", "torchloom", wrong, file);
+  REQUIRE(core().server->load("readme_aoti_wrong").has_value());
+  const std::string reason = core().server->reason("readme_aoti_wrong");
+  INFO(reason);
+  CHECK(reason.find("RESULT[YYY]") != std::string::npos);
+  CHECK(reason.find("RESULT[ZZZ]") != std::string::npos);
 }
 
 }  // namespace torchloom_serving_test

@@ -14,6 +14,7 @@
 #include <torchloom/cuda/check.hpp>
 #include <torchloom/cuda/event.hpp>
 #include <torchloom/cuda/owned_stream.hpp>
+#include <torchloom/cuda/stream_lease.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/detail/torch_error.hpp>
 #include <torchloom/error.hpp>
@@ -68,17 +69,18 @@ namespace torchloom::cuda {
 //! replays of one runner are chained by an event on the GPU, so no two replays ever touch the
 //! shared pool or one graph's static buffers at the same time, whichever streams they run on.
 //! Captures run on a stream of the cache's own (for a green context, one made in that
-//! context), never on a stream other runs use: another thread's kernels queued there during a
-//! capture would be captured instead of run. Thread-safe. Throws cuda_error (constructor) when
-//! a CUDA call fails.
+//! context; else one leased for the cache's life, see stream_lease, so that caches made and
+//! dropped at every model load add no cuBLAS workspaces), never on a stream other runs use:
+//! another thread's kernels queued there during a capture would be captured instead of run.
+//! Thread-safe. Throws cuda_error (constructor) when a CUDA call fails.
 class graph_cache {
  public:
   //! Eager runs of a new signature before it is captured (see graph_stats.hpp).
   static constexpr int eager_runs_before_capture = graph_eager_runs_before_capture;
 
-  //! `capture_stream`: the stream captures run on (empty: the cache makes a non-blocking
-  //! one). `fusable`: replays may wrap the graph between copy nodes of their own (false for a
-  //! green context's graphs, whose nodes must all run in the context).
+  //! `capture_stream`: the stream captures run on (empty: the cache leases one, see
+  //! stream_lease). `fusable`: replays may wrap the graph between copy nodes of their own
+  //! (false for a green context's graphs, whose nodes must all run in the context).
   graph_cache(std::string model, c10::Device device, const graph_options& options,
               owned_stream capture_stream, bool fusable)
       : model_(std::move(model)),
@@ -90,11 +92,7 @@ class graph_cache {
     c10::cuda::CUDAGuard guard(device_);
     done_ = event(model_);
     ready_ = event(model_);
-    if (!capture_stream_) {
-      cudaStream_t s = nullptr;
-      check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
-      capture_stream_ = owned_stream(s);
-    }
+    if (!capture_stream_) capture_lease_ = stream_lease(model_, device_.index());
     pool_ = at::cuda::graph_pool_handle();
     // torch's switch for its uncached allocator (read as torch reads it): tensors freed at
     // the end of a capture are then given back to CUDA while the graph still uses them, so
@@ -415,7 +413,8 @@ class graph_cache {
       // evicted.
       if (!held_.device && !held_.host) held_ = hold_pool(device_.index(), pool_);
       const c10::cuda::CUDAStream capture_stream =
-          c10::cuda::getStreamFromExternal(capture_stream_.get(), device_.index());
+          c10::cuda::getStreamFromExternal(
+              capture_stream_ ? capture_stream_.get() : capture_lease_.get(), device_.index());
       check(cudaEventRecord(ready_.get(), run_stream.stream()), "cudaEventRecord");
       check(cudaStreamWaitEvent(capture_stream.stream(), ready_.get(), 0), "cudaStreamWaitEvent");
       if (uncached_allocator_) {
@@ -956,6 +955,7 @@ class graph_cache {
   event done_;
   event ready_;
   owned_stream capture_stream_;
+  stream_lease capture_lease_;  // where capture_stream_ is empty
   mutable std::mutex mutex_;
   std::list<entry> entries_;  // most recently used first
   std::unordered_map<std::string, std::list<entry>::iterator> index_;

@@ -6,6 +6,8 @@
     "torchloom/cuda/owned_stream.hpp needs CUDA: link torchloom::cuda (a CUDA toolkit and a CUDA build of torch)"
 #endif
 
+#include <torchloom/cuda/blas_workspaces.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <utility>
@@ -13,9 +15,9 @@
 namespace torchloom::cuda {
 
 //! An owned CUDA stream (made by cudaStreamCreateWithFlags, or in a green context by
-//! green_context::make_stream): destroyed with its owner, after the work queued on it (CUDA
-//! lets a stream's queued work finish when the stream is destroyed). Empty when
-//! default-constructed or moved from.
+//! green_context::make_stream): destroyed with its owner, after the host has waited for the
+//! work queued on it, with the cuBLAS workspaces torch kept for it (drop_blas_workspaces).
+//! Empty when default-constructed or moved from.
 class owned_stream {
  public:
   owned_stream() noexcept = default;
@@ -30,7 +32,11 @@ class owned_stream {
   owned_stream(const owned_stream&) = delete;
   owned_stream& operator=(const owned_stream&) = delete;
   ~owned_stream() {
-    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+    if (stream_ == nullptr) return;
+    // The workspaces' memory goes back to torch's allocator once nothing queued uses it.
+    if (cudaStreamSynchronize(stream_) != cudaSuccess) (void)cudaGetLastError();
+    drop_blas_workspaces(stream_);
+    (void)cudaStreamDestroy(stream_);
   }
 
   //! The CUDA handle (null when empty).

@@ -1,6 +1,7 @@
 #pragma once
 // A small JSON reader for the few JSON texts torchloom reads (an AOTInductor package's call
-// spec): values, objects with their members in order, no number arithmetic.
+// spec, a model configuration from Triton's core): values, objects with their members in
+// order, no number arithmetic.
 #include <torchloom/detail/strings.hpp>
 
 #include <cstddef>
@@ -42,11 +43,19 @@ struct json_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-//! Parses one JSON text (RFC 8259; nesting at most 256 deep, so a hostile text cannot
-//! exhaust the stack). Throws json_error saying what is wrong and at which byte.
-inline json_value parse_json(std::string_view text) {
+//! What a reader of one kind of text asks beyond RFC 8259's grammar.
+struct json_rules {
+  std::size_t max_depth = 256;  //!< nesting, so that a hostile text cannot exhaust the stack
+  bool unique_keys = false;     //!< refuse an object that names a key twice
+  bool whole_surrogates = false;  //!< refuse a `\u` surrogate that is not half of a pair
+};
+
+//! Parses one JSON text (RFC 8259) under `rules`. Throws json_error saying what is wrong and
+//! at which byte.
+inline json_value parse_json(std::string_view text, const json_rules& rules = {}) {
   struct parser {
     std::string_view s;
+    const json_rules& rules;
     std::size_t at = 0;
 
     [[noreturn]] void fail(std::string_view what) const {
@@ -132,9 +141,13 @@ inline json_value parse_json(std::string_view text) {
               if (low >= 0xdc00 && low < 0xe000) {
                 cp = 0x10000 + ((cp - 0xd800) << 10) + (low - 0xdc00);
               } else {
+                if (rules.whole_surrogates) fail("a high surrogate without a low one");
                 utf8(out, cp);
                 cp = low;
               }
+            }
+            if (rules.whole_surrogates && cp >= 0xd800 && cp < 0xe000) {
+              fail("a surrogate that is not half of a pair");
             }
             utf8(out, cp);
             break;
@@ -147,7 +160,9 @@ inline json_value parse_json(std::string_view text) {
       }
     }
     json_value value(int depth) {
-      if (depth > 256) fail("nesting deeper than 256");
+      if (static_cast<std::size_t>(depth) > rules.max_depth) {
+        fail(concat("nesting deeper than ", rules.max_depth));
+      }
       skip_space();
       if (at >= s.size()) fail("unexpected end");
       json_value v;
@@ -159,6 +174,9 @@ inline json_value parse_json(std::string_view text) {
         do {
           skip_space();
           std::string key = string();
+          if (rules.unique_keys && v.find(key)) {
+            fail(concat("key '", printable(key, 64), "' is given twice"));
+          }
           expect(':');
           v.members.emplace_back(std::move(key), value(depth + 1));
         } while (take(','));
@@ -191,7 +209,11 @@ inline json_value parse_json(std::string_view text) {
           while (at < s.size() && s[at] >= '0' && s[at] <= '9') ++at;
           if (at == from) fail("a number needs digits");
         };
-        digits();
+        if (at < s.size() && s[at] == '0') {
+          ++at;  // no leading zeros
+        } else {
+          digits();
+        }
         if (at < s.size() && s[at] == '.') {
           ++at;
           digits();
@@ -209,7 +231,7 @@ inline json_value parse_json(std::string_view text) {
       return v;
     }
   };
-  parser p{text};
+  parser p{text, rules};
   json_value v = p.value(0);
   p.skip_space();
   if (p.at != text.size()) p.fail("text after the value");

@@ -100,18 +100,18 @@ inline std::optional<c10::ScalarType> triton_dtype(const pb_field& f, const std:
   if (t == "TYPE_STRING") return std::nullopt;
   if (t == "TYPE_UINT16" || t == "TYPE_UINT32" || t == "TYPE_UINT64") {
     throw error(errc::unsupported, {},
-                concat(source, ":", f.line, ": ", what, ": data_type ", t,
+                concat(config_at(source, f.line), ": ", what, ": data_type ", t,
                        " is a valid Triton type, but PyTorch has no tensor type for it (its "
                        "unsigned types stop at TYPE_UINT8)"));
   }
   throw error(errc::invalid_option, {},
-              concat(source, ":", f.line, ": ", what, ": data_type ", t, " is not a type"));
+              concat(config_at(source, f.line), ": ", what, ": data_type ", t, " is not a type"));
 }
 
 inline std::int64_t pb_int(const pb_field& f, const std::string& source) {
   if (auto v = pb_parse_int(f.scalar, false); v && !f.quoted && !f.is_message) return *v;
   throw error(errc::invalid_option, {},
-              concat(source, ":", f.line, ": '", f.name, "' must be an integer, not '",
+              concat(config_at(source, f.line), ": '", f.name, "' must be an integer, not '",
                      printable(f.scalar, 64), "'"));
 }
 
@@ -126,13 +126,13 @@ inline std::vector<std::int64_t> pb_dims(const pb_field& parent, std::string_vie
     const std::int64_t d = pb_int(*dim, source);
     if (d < 1 && d != -1) {
       throw error(errc::invalid_option, {},
-                  concat(source, ":", dim->line, ": ", what, ": dimension ", d,
+                  concat(config_at(source, dim->line), ": ", what, ": dimension ", d,
                          " is not valid: a dimension is at least 1, or -1 for a variable size"));
     }
     if (d > 0) {
       if (product > std::numeric_limits<std::int64_t>::max() / d) {
         throw error(errc::invalid_option, {},
-                    concat(source, ":", dim->line, ": ", what,
+                    concat(config_at(source, dim->line), ": ", what,
                            ": the dimensions' product overflows 64 bits"));
       }
       product *= d;
@@ -192,6 +192,8 @@ inline std::string foreign_backend(const pb_field& root, std::size_t& line) {
   return {};
 }
 
+triton_config checked_triton_config(const pb_field& root, const std::filesystem::path& source);
+
 }  // namespace detail
 
 //! Parses the text of a config.pbtxt. `source` names the file in errors. Checks, in order:
@@ -204,17 +206,27 @@ inline std::string foreign_backend(const pb_field& root, std::size_t& line) {
 //! invalid_option, or unsupported (another backend's config; a Triton type PyTorch lacks).
 inline triton_config parse_triton_config(std::string_view text,
                                          const std::filesystem::path& source = "config.pbtxt") {
-  const std::string src = source.string();
   detail::pb_field root;
   try {
     root = detail::pb_parser(text).parse();
   } catch (const detail::pb_syntax_error& e) {
-    throw error(errc::invalid_option, {}, detail::concat(src, ":", e.line, ": ", e.reason));
+    throw error(errc::invalid_option, {},
+                detail::concat(detail::config_at(source.string(), e.line), ": ", e.reason));
   }
+  return detail::checked_triton_config(root, source);
+}
+
+//! The checks and the reading of parse_triton_config, on a parsed configuration: one set of
+//! both for config.pbtxt and for a configuration given as JSON (read_triton_config_json,
+//! whose fields have no line: their errors name `source` alone).
+inline triton_config detail::checked_triton_config(const pb_field& root,
+                                                   const std::filesystem::path& source) {
+  const std::string src = source.string();
+  const auto at = [&](std::size_t where) { return detail::config_at(src, where); };
   std::size_t line = 0;
   if (const std::string other = detail::foreign_backend(root, line); !other.empty()) {
     throw error(errc::unsupported, {},
-                detail::concat(src, ":", line, ": this config is for Triton's ", other,
+                detail::concat(at(line), ": this config is for Triton's ", other,
                                " backend; torchloom runs PyTorch models (platform "
                                "'pytorch_libtorch', 'libtorch' or 'torch_aoti', backend "
                                "'pytorch' or 'torchloom')"));
@@ -242,7 +254,7 @@ inline triton_config parse_triton_config(std::string_view text,
     for (const auto& part : p) inside = inside && part != "..";
     if (!inside) {
       throw error(errc::invalid_option, {},
-                  detail::concat(src, ":", f->line, ": default_model_filename '",
+                  detail::concat(at(f->line), ": default_model_filename '",
                                  detail::printable(f->scalar, 200),
                                  "' must name a file inside the version directory (no '..', "
                                  "not absolute)"));
@@ -253,7 +265,7 @@ inline triton_config parse_triton_config(std::string_view text,
     c.max_batch_size = detail::pb_int(*f, src);
     if (c.max_batch_size < 0) {
       throw error(errc::invalid_option, {},
-                  detail::concat(src, ":", f->line, ": max_batch_size must be 0 or more, not ",
+                  detail::concat(at(f->line), ": max_batch_size must be 0 or more, not ",
                                  c.max_batch_size));
     }
   }
@@ -264,7 +276,7 @@ inline triton_config parse_triton_config(std::string_view text,
       ig.count = detail::pb_int(*n, src);
       if (ig.count < 0) {
         throw error(errc::invalid_option, {},
-                    detail::concat(src, ":", n->line, ": instance_group count must be 1 or "
+                    detail::concat(at(n->line), ": instance_group count must be 1 or "
                                                       "more (0: the default, 1), not ",
                                    ig.count));
       }
@@ -276,12 +288,12 @@ inline triton_config parse_triton_config(std::string_view text,
       constexpr std::int64_t max_gpu = std::numeric_limits<c10::DeviceIndex>::max();
       if (id < 0 || id > max_gpu) {
         throw error(errc::invalid_option, {},
-                    detail::concat(src, ":", gpu->line, ": instance_group gpus: ", id,
+                    detail::concat(at(gpu->line), ": instance_group gpus: ", id,
                                    " is not a GPU index (0 to ", max_gpu, ")"));
       }
       if (ig.kind == "KIND_CPU" || ig.kind == "KIND_MODEL") {
         throw error(errc::invalid_option, {},
-                    detail::concat(src, ":", gpu->line, ": instance_group of ", ig.kind,
+                    detail::concat(at(gpu->line), ": instance_group of ", ig.kind,
                                    " cannot list gpus (only KIND_GPU can)"));
       }
       ig.gpus.push_back(id);
@@ -297,11 +309,11 @@ inline triton_config parse_triton_config(std::string_view text,
     const auto* str = value ? value->find("string_value") : nullptr;
     if (!key) {
       throw error(errc::invalid_option, {},
-                  detail::concat(src, ":", p->line, ": a parameters entry needs a key"));
+                  detail::concat(at(p->line), ": a parameters entry needs a key"));
     }
     if (auto it = c.parameter_lines.find(key->scalar); it != c.parameter_lines.end()) {
       throw error(errc::invalid_option, {},
-                  detail::concat(src, ":", p->line, ": parameter '",
+                  detail::concat(at(p->line), ": parameter '",
                                  detail::printable(key->scalar, 64),
                                  "' is given twice (first on line ", it->second, ")"));
     }
@@ -322,7 +334,7 @@ inline triton_config parse_triton_config(std::string_view text,
       const auto* v = entry->find("value");
       if (v == nullptr) {
         throw error(errc::invalid_option, {},
-                    detail::concat(src, ":", entry->line, ": ", what, " input '", in.name,
+                    detail::concat(at(entry->line), ": ", what, " input '", in.name,
                                    "' has no value { data_type dims ... }"));
       }
       const std::string in_what = detail::concat(what, " input '", in.name, "'");
@@ -331,7 +343,7 @@ inline triton_config parse_triton_config(std::string_view text,
       for (const std::int64_t dim : in.dims) {
         if (dim < 0) {
           throw error(errc::invalid_option, {},
-                      detail::concat(src, ":", v->line, ": ", in_what,
+                      detail::concat(at(v->line), ": ", in_what,
                                      ": warm-up dims must be fixed sizes, not -1"));
         }
       }
@@ -347,7 +359,7 @@ inline triton_config parse_triton_config(std::string_view text,
         for (const auto& part : p) inside = inside && part != "..";
         if (!inside) {
           throw error(errc::invalid_option, {},
-                      detail::concat(src, ":", file->line, ": ", in_what, ": input_data_file '",
+                      detail::concat(at(file->line), ": ", in_what, ": input_data_file '",
                                      detail::printable(in.file, 200),
                                      "' must name a file inside the model's warmup/ directory"));
         }
@@ -355,7 +367,7 @@ inline triton_config parse_triton_config(std::string_view text,
         in.source = warmup_input_decl::data::random;
       } else if (!true_(v->find("zero_data"))) {
         throw error(errc::invalid_option, {},
-                    detail::concat(src, ":", v->line, ": ", in_what,
+                    detail::concat(at(v->line), ": ", in_what,
                                    " needs zero_data: true, random_data: true or "
                                    "input_data_file"));
       }

@@ -329,7 +329,7 @@ class model_config_checker {
 
  private:
   [[noreturn]] void fail(std::size_t line, const std::string& what) const {
-    throw error(errc::invalid_option, {}, concat(source_, ":", line, ": ", what));
+    throw error(errc::invalid_option, {}, concat(config_at(source_, line), ": ", what));
   }
 
   static std::string path_of(std::string_view parent, std::string_view name) {

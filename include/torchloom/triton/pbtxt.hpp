@@ -22,6 +22,12 @@ struct pb_limits {
   static constexpr std::size_t max_name_length = 256;    //!< characters in a field name
 };
 
+//! Where in a model configuration something is: "SOURCE:LINE" for a config.pbtxt, "SOURCE"
+//! alone for a configuration without lines (line 0: one given as JSON).
+inline std::string config_at(std::string_view source, std::size_t line) {
+  return line == 0 ? std::string(source) : concat(source, ":", line);
+}
+
 //! One field of a protobuf text-format message: a scalar (`name: value`) or a message
 //! (`name { ... }`). Repeated fields appear as several fields with the same name; a list
 //! (`name: [a, b]` or `name [ {..}, {..} ]`) is expanded into that form.

@@ -142,6 +142,114 @@ TEST_CASE("config corpus: every file loads or fails as Triton would, naming fiel
   CHECK(files >= 20);
 }
 
+// The same configurations as Triton's core hands them to a backend: tests/data/configs_json
+// holds, for each model, the config.pbtxt and the JSON that the Triton kit's core returned for
+// it (TRITONSERVER_ServerModelConfig, what TRITONBACKEND_ModelConfig gives a backend): every
+// field printed, defaults included, 64-bit integers sometimes as strings.
+TEST_CASE("a configuration as Triton's core prints it reads as its config.pbtxt",
+          "[triton][spec][json]") {
+  const fs::path dir = fs::path(TORCHLOOM_TEST_DATA_DIR) / "configs_json";
+  std::size_t files = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() != ".json") continue;
+    ++files;
+    INFO(entry.path().filename().string());
+    auto pbtxt = entry.path();
+    pbtxt.replace_extension(".pbtxt");
+    const auto a = torchloom::parse_triton_config(read_text(pbtxt), pbtxt);
+    const auto b = torchloom::parse_triton_config_json(read_text(entry.path()), "the config");
+    CHECK(a.name == b.name);
+    CHECK(a.backend == b.backend);
+    CHECK(a.platform == b.platform);
+    CHECK(a.max_batch_size == b.max_batch_size);
+    CHECK(a.default_model_filename == b.default_model_filename);
+    CHECK(a.parameters == b.parameters);
+    REQUIRE(a.inputs.size() == b.inputs.size());
+    for (std::size_t i = 0; i < a.inputs.size(); ++i) {
+      CHECK(a.inputs[i].name == b.inputs[i].name);
+      CHECK(a.inputs[i].dtype == b.inputs[i].dtype);
+      CHECK(a.inputs[i].is_string == b.inputs[i].is_string);
+      CHECK(a.inputs[i].dims == b.inputs[i].dims);
+    }
+    REQUIRE(a.outputs.size() == b.outputs.size());
+    for (std::size_t i = 0; i < a.outputs.size(); ++i) {
+      CHECK(a.outputs[i].name == b.outputs[i].name);
+      CHECK(a.outputs[i].dtype == b.outputs[i].dtype);
+      CHECK(a.outputs[i].dims == b.outputs[i].dims);
+    }
+    // The core fills in instance groups (a name, KIND_AUTO resolved, count 1).
+    REQUIRE(b.instance_groups.size() == std::max<std::size_t>(1, a.instance_groups.size()));
+    for (std::size_t i = 0; i < a.instance_groups.size(); ++i) {
+      CHECK(a.instance_groups[i].kind == b.instance_groups[i].kind);
+      CHECK(a.instance_groups[i].count == b.instance_groups[i].count);
+    }
+    REQUIRE(a.warmups.size() == b.warmups.size());
+    for (std::size_t i = 0; i < a.warmups.size(); ++i) {
+      CHECK(a.warmups[i].name == b.warmups[i].name);
+      CHECK(a.warmups[i].batch_size == b.warmups[i].batch_size);
+      CHECK(a.warmups[i].count == b.warmups[i].count);
+      REQUIRE(a.warmups[i].inputs.size() == b.warmups[i].inputs.size());
+      CHECK(a.warmups[i].inputs[0].dims == b.warmups[i].inputs[0].dims);
+      CHECK(a.warmups[i].inputs[0].source == b.warmups[i].inputs[0].source);
+    }
+  }
+  CHECK(files >= 6);
+}
+
+TEST_CASE("a JSON configuration is checked as a config.pbtxt is, naming its fields",
+          "[triton][spec][json]") {
+  using torchloom::parse_triton_config_json;
+  const auto parse = [](std::string_view json) {
+    return parse_triton_config_json(json, "the model configuration");
+  };
+  // Protobuf's JSON forms: lowerCamelCase names, 64-bit integers as strings.
+  const auto c = parse(R"({"name":"m","maxBatchSize":4,"input":[{"name":"x","dataType":
+      "TYPE_INT64","dims":["3","-1"]}],"parameters":{"INFERENCE_MODE":{"stringValue":"false"}}})");
+  CHECK(c.max_batch_size == 4);
+  REQUIRE(c.inputs.size() == 1);
+  CHECK(c.inputs[0].dtype == c10::ScalarType::Long);
+  CHECK(c.inputs[0].dims == std::vector<std::int64_t>{3, -1});
+  CHECK(c.parameters.at("INFERENCE_MODE") == "false");
+  // A default value of a field this schema does not know says nothing (a newer core);
+  // any other value is refused by name.
+  CHECK_NOTHROW(parse(R"({"name":"m","brand_new_flag":false,"brand_new_list":[]})"));
+  CHECK_TORCHLOOM_ERROR(parse(R"({"name":"m","max_batch_sise":4})"), errc::invalid_option,
+                        "the model configuration: unknown field 'max_batch_sise'",
+                        "max_batch_size");
+  CHECK_TORCHLOOM_ERROR(parse(R"({"input":[{"name":"x","data_type":"TYPE_UINT16"}]})"),
+                        errc::unsupported, "the model configuration: input 'x'", "TYPE_UINT16");
+  CHECK_TORCHLOOM_ERROR(parse(R"({"platform":"onnxruntime_onnx"})"), errc::unsupported,
+                        "the model configuration: this config is for Triton's onnxruntime");
+  CHECK_TORCHLOOM_ERROR(parse(R"({"max_batch_size":"four"})"), errc::invalid_option,
+                        "'max_batch_size' takes an integer (int32), not 'four'");
+  CHECK_TORCHLOOM_ERROR(parse(R"({"dynamic_batching":{},"sequence_batching":{}})"),
+                        errc::invalid_option, "exclude each other");
+  // Not JSON at all: where and why.
+  CHECK_TORCHLOOM_ERROR(parse(R"({"name":"m",})"), errc::invalid_option,
+                        "the model configuration: not valid JSON: ", "at byte 12");
+  CHECK_TORCHLOOM_ERROR(parse(R"({"name":"m","name":"n"})"), errc::invalid_option,
+                        "'name' is given twice");
+  CHECK_TORCHLOOM_ERROR(parse(R"({"name":"a\ud800"})"), errc::invalid_option, "surrogate");
+  CHECK(parse(R"({"name":"\u00e9\ud83d\ude00"})").name == "\xc3\xa9\xf0\x9f\x98\x80");
+  CHECK(parse("").name.empty());
+
+  // A model directory with its configuration as JSON: config.pbtxt is not read, and a
+  // parameter is checked as from config.pbtxt.
+  temp_dir t;
+  fs::create_directories(t / "m" / "1");
+  torchloom_test::write_file(t / "m" / "config.pbtxt", "this is not a config");
+  const auto s = model_spec::from_directory(
+      t / "m", std::nullopt, {},
+      R"({"name":"m","parameters":{"INTRA_OP_THREAD_COUNT":{"string_value":"2"}}})");
+  CHECK(*s.options.intra_op_thread_count == 2);
+  CHECK_TORCHLOOM_ERROR(
+      model_spec::from_directory(
+          t / "m", std::nullopt, {},
+          R"({"name":"m","parameters":{"INFERENCE_MODE":{"string_value":"maybe"}}})"),
+      errc::invalid_option, "model 'm'", "the model configuration: parameters: ",
+      "INFERENCE_MODE");
+}
+
 TEST_CASE("config corpus: the values of the configs that load", "[triton][spec]") {
   const fs::path corpus = fs::path(TORCHLOOM_TEST_DATA_DIR) / "configs";
   const auto syntax =
