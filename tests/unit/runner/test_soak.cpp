@@ -87,10 +87,10 @@ TEST_CASE("Soak: 1,000 construct/destroy cycles leave memory, descriptors and li
   for (int i = 0; i < 100; ++i) cycle(i);  // allocator pools and torch's caches settle
   const auto before = current_usage();
   for (int i = 0; i < 500; ++i) cycle(i);
-  const auto half = current_usage();
+  const auto halfway = current_usage();
   for (int i = 500; i < 1000; ++i) cycle(i);
   const auto after = current_usage();
-  WARN("RSS KiB: " << before.rss_kib << " -> " << half.rss_kib << " -> " << after.rss_kib
+  WARN("RSS KiB: " << before.rss_kib << " -> " << halfway.rss_kib << " -> " << after.rss_kib
                    << "; fds " << before.fds << " -> " << after.fds << "; mappings "
                    << before.mappings << " -> " << after.mappings << "; libraries "
                    << before.libraries.size() << " -> " << after.libraries.size());
@@ -100,6 +100,6 @@ TEST_CASE("Soak: 1,000 construct/destroy cycles leave memory, descriptors and li
   // A leak of 8 KiB per cycle would add 8 MiB; allocator noise is far below that, and the
   // second half of the cycles must add no more than the first settles.
   CHECK(after.rss_kib - before.rss_kib < 8 * 1024);
-  CHECK(after.rss_kib - half.rss_kib < 4 * 1024);
+  CHECK(after.rss_kib - halfway.rss_kib < 4 * 1024);
   CHECK(table_count() == 0);
 }
