@@ -528,7 +528,9 @@ TEST_CASE("the bundled repository is served as it is", "[triton]") {
   INFO(error_text(r));
   REQUIRE_FALSE(r.error.has_value());
   CHECK(r.outputs[0].name == "y");
-  CHECK(torch::equal(output_tensor(r), direct_mlp().run({x}).at(0)));
+  // KIND_AUTO: on a core with a GPU the instance is there, where GEMMs round differently from
+  // the direct runner's on the CPU.
+  CHECK(torch::allclose(output_tensor(r), direct_mlp().run({x}).at(0), 1e-4, 1e-5));
 }
 
 TEST_CASE("8 client threads x 500 requests each get the runner's answer", "[triton]") {
@@ -1333,7 +1335,8 @@ TEST_CASE("a parameter torchloom does not read fails the load, unless the config
   const at::Tensor x = torch::randn({1, 64});
   const auto r = core().infer("foreign_ignored", {float_input("x", x)});
   REQUIRE_FALSE(r.error.has_value());
-  CHECK(torch::equal(output_tensor(r), direct_mlp().run({x}).at(0)));
+  // No instance_group: on a core with a GPU the instance is there (see above).
+  CHECK(torch::allclose(output_tensor(r), direct_mlp().run({x}).at(0), 1e-4, 1e-5));
 }
 
 TEST_CASE("TORCHLOOM_GRAPHS: a boolean; graphed<S> around the stream policy, a no-op on the "

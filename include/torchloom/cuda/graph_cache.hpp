@@ -255,9 +255,11 @@ class graph_cache {
   }
 
   // Whether two elements of `t` share memory (an expanded input's stride 0): such a layout
-  // cannot be a buffer that inputs are copied into. Where torch cannot tell, yes.
+  // cannot be a buffer that inputs are copied into. A view with gaps (a narrowed, transposed
+  // one) is not: torch says it cannot tell, and its layout is kept. (A rarer overlapping view
+  // without a stride 0 makes the copy into its buffer fail: that signature runs eagerly.)
   static bool overlapping(const at::Tensor& t) {
-    return !t.is_non_overlapping_and_dense() && at::has_internal_overlap(t) != at::MemOverlap::No;
+    return at::has_internal_overlap(t) == at::MemOverlap::Yes;
   }
 
   template <class T>

@@ -612,9 +612,11 @@ TEST_CASE("torch_aoti CUDA: the package's names, the fixed keyword argument, and
   // return_dict=True was fixed at export: a leaf of the call spec, not an input.
   CHECK(r.names().fixed_inputs == std::vector<std::string>{"KWARGS[return_dict]"});
   REQUIRE(r.inputs().size() == 2);
-  CHECK(r.inputs()[0].name == "input_ids");  // the graph input's own name
+  // torch 2.11 names the package's graph inputs arg<N>_<M>: the config's names, which also
+  // say which of the three leaves are inputs, are theirs.
+  CHECK(r.inputs()[0].name == "KWARGS[input_ids]");
   CHECK(r.inputs()[0].dtype == c10::ScalarType::Long);  // from config.pbtxt
-  CHECK(r.input_index("input_ids") == 0u);
+  CHECK(r.input_index("KWARGS[input_ids]") == 0u);
   CHECK(r.input_index("KWARGS[attention_mask]") == 1u);
   CHECK_TORCHLOOM_ERROR(r.run_named({{"KWARGS[input_ids]", ref.inputs[0]},
                                      {"KWARGS[attention_mask]", ref.inputs[1]},
@@ -622,7 +624,7 @@ TEST_CASE("torch_aoti CUDA: the package's names, the fixed keyword argument, and
                         errc::bad_input, "'KWARGS[return_dict]'",
                         "fixed when the model was exported");
   CHECK_TORCHLOOM_ERROR(r.run({ref.inputs[0].toTensor().to(torch::kInt32), ref.inputs[1]}),
-                        errc::bad_input, "input 0 ('input_ids') must be int64");
+                        errc::bad_input, "input 0 ('KWARGS[input_ids]') must be int64");
   // The repository is torch_aoti: a TorchScript runner refuses it, naming both.
   CHECK_TORCHLOOM_ERROR(
       torchloom::model_runner<torchloom::torchscript_loader>(model_spec::from_directory(dir)),
