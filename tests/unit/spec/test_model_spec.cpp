@@ -29,8 +29,11 @@ struct zip_record {
   std::uint16_t method = 0;
 };
 
+// `width` little-endian bytes of `v`; past 8 bytes, zeros (a run of zero fields at once).
 void put(std::string& out, std::uint64_t v, int width) {
-  for (int i = 0; i < width; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  for (int i = 0; i < width; ++i) {
+    out.push_back(i < 8 ? static_cast<char>((v >> (8 * i)) & 0xff) : '\0');
+  }
 }
 
 std::string make_zip(const std::vector<zip_record>& records, bool zip64,
