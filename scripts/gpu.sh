@@ -16,9 +16,10 @@
 # limit; the last prints the one report.
 #
 # Everything goes to $OUT/gpu-log.txt; stdout stays short (machine, step times, test summary,
-# failures) and ends with the report's Markdown table. $OUT receives: gpu-log.txt,
-# bm_<name>.json per benchmark, the peers' JSON, report.md, and latency.png and offload.png
-# (when matplotlib is installed).
+# failures) and ends with the report's Markdown table. $OUT receives: gpu-log.txt, the test
+# phase's gpu-test-summary.txt and serving-tests.txt, report.md, latency.png and offload.png
+# (when matplotlib is installed), and bench-json.tgz, the benchmarks' and peers' JSON files
+# (bm_<name>.json; scripts/report.py makes the report again from them).
 # The fixtures (AOTInductor packages, bm_graphs' ResNet-18 models, bm_offload's package, the
 # real architectures of the [transformers] tests and T14's Llama decoders) are made by the
 # scripts/make_*_fixture(s).py scripts into $BUILD while the C++ builds; each keeps a stamp
@@ -472,6 +473,8 @@ report() {
   python3 scripts/report.py --out "$OUT" --gpu "${gpu_name:-unknown GPU}" \
     --torch "${torch_version:-unknown}" "${jsons[@]}" 2>&1 | tee -a "$LOG" || rc=$?
   if ((rc != 0)); then status=1; fi
+  # The results in one file: a caller that takes back only a few files gets them all.
+  (cd "$OUT" && tar czf bench-json.tgz bm_*.json && rm -f bm_*.json) || true
   exit "$status"
 }
 
