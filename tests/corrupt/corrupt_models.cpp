@@ -1,19 +1,28 @@
 // Corrupted-model test: writes truncated and mutated model.pt files through torch's own
 // archive writer (so the zip container and its checksums stay valid and the mutations reach
 // torch's unpickler and torchloom's checks), and loads and runs each in a child process with
-// a timeout. A file may load or be refused with a torchloom::error; a signal, a hang or any
-// other exception in the child is a failure, and its file is kept as a reproducer.
+// a timeout. A file may load or be refused with a torchloom::error; a signal, a hang, any
+// other exception or a peak resident memory over the limit in the child is a failure, and
+// its file is kept as a reproducer.
 //
-// torchloom_corrupt_models [FIRST_SEED] [COUNT] [--keep DIR] [--timeout SECONDS]
+// torchloom_corrupt_models [FIRST_SEED] [COUNT] [--keep DIR] [--timeout SECONDS] [--jobs N]
+//                          [--max-rss MIB] [--bases DIR | --save-bases DIR] [--device DEV]
+//                          [--list]
 //   Each seed picks one base model and one mutation; the same seed always gives the same
-//   file. Exit status 0: no crash, hang or escaped exception.
+//   file. --jobs: children at once (1); --max-rss: the memory limit (1024 MiB); --bases: read
+//   the two base archives from DIR (tests/data/corrupt holds them), so that another torch
+//   mutates the same archives; --save-bases: write the ones made here to DIR; --device: load
+//   and run there (cpu); --list: every seed's outcome (and on stderr each refusal's message).
+//   Exit status 0: no crash, hang, escaped exception or memory over the limit.
 #include <ftw.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <torch/script.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -139,21 +148,32 @@ std::string mutate(records& recs, std::mt19937_64& rng) {
   }
 }
 
-enum class outcome { ran, refused, escaped, crashed, hung };
+enum class outcome { ran, refused, escaped, crashed, hung, bloated };
+constexpr const char* outcome_names[] = {"ran", "refused", "escaped", "crashed", "hung", "bloated"};
 
-// Loads and runs `file` in a child process. The child exits 0 when it ran, 10 + the errc
-// value when torchloom refused it, 2 when anything else escaped.
-outcome try_in_child(const fs::path& dir, std::chrono::seconds timeout, std::string& detail) {
+// One mutant loading in a child process.
+struct child {
+  pid_t pid = -1;
+  std::uint64_t seed = 0;
+  std::string what;  // the mutation
+  fs::path file;     // the mutant, kept until the child is reaped
+  std::chrono::steady_clock::time_point deadline;
+};
+
+// Loads and runs the model directory `dir` in a child process. The child exits 0 when it
+// ran, 10 + the errc value when torchloom refused it, 2 when anything else escaped.
+pid_t start_child(const fs::path& dir, const c10::Device device, bool verbose) {
   std::fflush(nullptr);
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::alarm(0);
     try {
       torchloom::model_runner<torchloom::torchscript_loader> r(
-          torchloom::model_spec::from_directory(dir));
-      (void)r.run({torch::randn({2, 8})});
+          torchloom::model_spec::from_directory(dir), device);
+      (void)r.run({torch::randn({2, 8}, torch::TensorOptions().device(device))});
       ::_exit(0);
     } catch (const torchloom::error& e) {
+      if (verbose) std::fprintf(stderr, "%s\n", e.what());
       ::_exit(10 + static_cast<int>(e.code()));
     } catch (const std::exception& e) {
       std::fprintf(stderr, "escaped: %s\n", e.what());
@@ -162,25 +182,18 @@ outcome try_in_child(const fs::path& dir, std::chrono::seconds timeout, std::str
       ::_exit(2);
     }
   }
-  if (pid < 0) {
-    detail = "fork failed";
-    return outcome::escaped;
-  }
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  int status = 0;
-  while (true) {
-    const pid_t w = ::waitpid(pid, &status, WNOHANG);
-    if (w == pid) break;
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      return outcome::hung;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  return pid;
+}
+
+// What the exit `status` of a child says; `peak_mib` is its peak resident memory.
+outcome judge(int status, long peak_mib, long max_rss_mib, std::string& detail) {
   if (WIFSIGNALED(status)) {
     detail = ::strsignal(WTERMSIG(status));
     return outcome::crashed;
+  }
+  if (peak_mib > max_rss_mib) {
+    detail = std::to_string(peak_mib) + " MiB resident";
+    return outcome::bloated;
   }
   const int code = WEXITSTATUS(status);
   if (code == 0) return outcome::ran;
@@ -198,7 +211,13 @@ int main(int argc, char** argv) {
   std::uint64_t first = 0;
   std::uint64_t count = 300;
   fs::path keep = "corrupt-models-findings";
+  fs::path bases_dir;
+  fs::path save_bases;
   int timeout_s = 60;
+  int jobs = 1;
+  long max_rss_mib = 1024;
+  bool list = false;
+  c10::Device device(c10::kCPU);
   std::vector<std::string> positional;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -206,6 +225,23 @@ int main(int argc, char** argv) {
       keep = argv[++i];
     } else if (a == "--timeout" && i + 1 < argc) {
       timeout_s = std::stoi(argv[++i]);
+    } else if (a == "--jobs" && i + 1 < argc) {
+      jobs = std::max(1, std::stoi(argv[++i]));
+    } else if (a == "--max-rss" && i + 1 < argc) {
+      max_rss_mib = std::stol(argv[++i]);
+    } else if (a == "--bases" && i + 1 < argc) {
+      bases_dir = argv[++i];
+    } else if (a == "--save-bases" && i + 1 < argc) {
+      save_bases = argv[++i];
+    } else if (a == "--device" && i + 1 < argc) {
+      device = c10::Device(argv[++i]);
+    } else if (a == "--list") {
+      list = true;
+    } else if (a.rfind("--", 0) == 0) {
+      std::cerr << "unknown option " << a << "; usage: torchloom_corrupt_models [FIRST_SEED] "
+                << "[COUNT] [--keep DIR] [--timeout S] [--jobs N] [--max-rss MIB] "
+                << "[--bases DIR | --save-bases DIR] [--device DEV] [--list]\n";
+      return 2;
     } else {
       positional.push_back(a);
     }
@@ -219,53 +255,120 @@ int main(int argc, char** argv) {
     return 1;
   }
   const fs::path work = tmpl;
-  // Fixed weights, so that a seed names the same file on every run.
-  torch::manual_seed(0);
+  // The base archives: made here with fixed weights (so that a seed names the same file on
+  // every run), or read from --bases DIR (linear.pt, nested.pt, as --save-bases DIR wrote
+  // them), so that another torch mutates the same archives.
   std::vector<records> bases;
   std::uint64_t version = 0;
-  for (auto m : {make_linear(), make_nested()}) {
-    const auto file = work / "base.pt";
-    m.save(file.string());
+  torch::manual_seed(0);
+  const std::pair<const char*, torch::jit::Module> models[] = {{"linear.pt", make_linear()},
+                                                               {"nested.pt", make_nested()}};
+  for (const auto& [name, m] : models) {
+    auto file = work / "base.pt";
+    if (!bases_dir.empty()) {
+      file = bases_dir / name;
+      if (!fs::exists(file)) {
+        std::cerr << "no base archive " << file.string() << " (--save-bases DIR writes them)\n";
+        return 2;
+      }
+    } else {
+      m.save(file.string());
+      if (!save_bases.empty()) {
+        fs::create_directories(save_bases);
+        fs::copy_file(file, save_bases / name, fs::copy_options::overwrite_existing);
+      }
+    }
     bases.push_back(torchloom_test::read_archive(file));
     version = torchloom_test::archive_version(file);
   }
 
   std::map<std::string, int> tally;
   int failures = 0;
-  const auto model_dir = work / "model";
-  fs::create_directories(model_dir / "1");
-  const auto file = model_dir / "1" / "model.pt";
+  long peak_mib = 0;
+  std::uint64_t peak_seed = first;
+  std::vector<child> running;
+  std::vector<fs::path> free_dirs;
+  for (int j = 0; j < jobs; ++j) {
+    const auto dir = work / ("model" + std::to_string(j));
+    fs::create_directories(dir / "1");
+    free_dirs.push_back(dir);
+  }
+  // Reaps the children that ended (all of them with `all`), killing those past their time.
+  const auto reap = [&](bool all) {
+    while (!running.empty()) {
+      bool reaped = false;
+      for (auto it = running.begin(); it != running.end();) {
+        int status = 0;
+        struct rusage usage {};
+        pid_t w = ::wait4(it->pid, &status, WNOHANG, &usage);
+        const bool late = w == 0 && std::chrono::steady_clock::now() > it->deadline;
+        if (late) {
+          ::kill(it->pid, SIGKILL);
+          w = ::wait4(it->pid, &status, 0, &usage);
+        }
+        if (w != it->pid) {
+          ++it;
+          continue;
+        }
+        const long mib = usage.ru_maxrss / 1024;
+        if (mib > peak_mib) {
+          peak_mib = mib;
+          peak_seed = it->seed;
+        }
+        std::string detail;
+        const auto result = late ? outcome::hung : judge(status, mib, max_rss_mib, detail);
+        const char* name = outcome_names[static_cast<int>(result)];
+        ++tally[result == outcome::refused ? "refused (" + detail + ")" : name];
+        const bool failed = result != outcome::ran && result != outcome::refused;
+        std::string line = "seed " + std::to_string(it->seed) + ": " + name +
+                           (detail.empty() ? "" : " (" + detail + ")") + " after " + it->what;
+        if (failed) {
+          ++failures;
+          fs::create_directories(keep);
+          const auto kept = keep / ("seed-" + std::to_string(it->seed) + ".pt");
+          fs::copy_file(it->file, kept, fs::copy_options::overwrite_existing);
+          line += "; reproducer: " + kept.string();
+        }
+        if (failed || list) std::cout << line << std::endl;
+        free_dirs.push_back(it->file.parent_path().parent_path());
+        it = running.erase(it);
+        reaped = true;
+      }
+      if (!all && reaped) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  };
   for (std::uint64_t seed = first; seed < first + count; ++seed) {
     std::mt19937_64 rng(seed);
     records recs = bases[seed % bases.size()];
     std::string what = mutate(recs, rng);
     if (rng() % 4 == 0) what += "; " + mutate(recs, rng);  // sometimes two at once
+    if (free_dirs.empty()) reap(false);
+    const auto dir = free_dirs.back();
+    const auto file = dir / "1" / "model.pt";
     try {
       torchloom_test::write_archive(file, recs, version);
     } catch (const std::exception& e) {
       ++tally["not writable"];
       continue;
     }
-    std::string detail;
-    const auto result = try_in_child(model_dir, std::chrono::seconds(timeout_s), detail);
-    const char* names[] = {"ran", "refused", "escaped", "crashed", "hung"};
-    const char* name = names[static_cast<int>(result)];
-    ++tally[result == outcome::refused ? "refused (" + detail + ")" : name];
-    if (result == outcome::escaped || result == outcome::crashed || result == outcome::hung) {
-      ++failures;
-      fs::create_directories(keep);
-      const auto kept = keep / ("seed-" + std::to_string(seed) + ".pt");
-      fs::copy_file(file, kept, fs::copy_options::overwrite_existing);
-      std::cout << "seed " << seed << ": " << name << (detail.empty() ? "" : " (" + detail + ")")
-                << " after " << what << "; reproducer: " << kept.string() << std::endl;
+    free_dirs.pop_back();
+    child c{start_child(dir, device, list), seed, what, file,
+            std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s)};
+    if (c.pid < 0) {
+      std::perror("fork");
+      return 1;
     }
+    running.push_back(std::move(c));
   }
+  reap(true);
   ::nftw(
       work.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); },
       16, FTW_DEPTH | FTW_PHYS);
   std::cout << "corrupt models: seeds " << first << ".." << first + count - 1 << ":";
   for (const auto& [k, v] : tally) std::cout << ' ' << k << '=' << v << ';';
-  std::cout << "\ncorrupt models: " << (failures == 0 ? "ok" : "FAILED") << " (" << failures
-            << " crashed, hung or escaped)" << std::endl;
+  std::cout << " largest peak resident memory " << peak_mib << " MiB (seed " << peak_seed
+            << ")\ncorrupt models: " << (failures == 0 ? "ok" : "FAILED") << " (" << failures
+            << " crashed, hung, escaped or over " << max_rss_mib << " MiB)" << std::endl;
   return failures == 0 ? 0 : 1;
 }

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace torchloom::detail {
@@ -20,7 +21,8 @@ namespace torchloom::detail {
 //! One entry of a zip archive's central directory.
 struct zip_entry {
   std::string name;
-  std::uint16_t method = 0;  //!< 0: stored (uncompressed)
+  std::uint16_t method = 0;  //!< 0: stored (uncompressed), 8: deflated
+  std::uint16_t flags = 0;   //!< the general-purpose bits (bit 0: encrypted)
   std::uint64_t compressed_size = 0;
   std::uint64_t size = 0;
   std::uint64_t local_offset = 0;  //!< where its local header starts
@@ -74,7 +76,7 @@ class zip_file {
 };
 
 //! Little-endian fields of a zip record.
-inline std::uint64_t zip_field(const std::string& bytes, std::size_t at, std::size_t width) {
+inline std::uint64_t zip_field(std::string_view bytes, std::size_t at, std::size_t width) {
   std::uint64_t v = 0;
   for (std::size_t i = 0; i < width; ++i) {
     v |= static_cast<std::uint64_t>(static_cast<unsigned char>(bytes[at + i])) << (8 * i);
@@ -128,6 +130,7 @@ inline std::optional<std::vector<zip_entry>> read_zip_directory(const std::files
       return std::nullopt;
     }
     zip_entry e;
+    e.flags = static_cast<std::uint16_t>(zip_field(*directory, at + 8, 2));
     e.method = static_cast<std::uint16_t>(zip_field(*directory, at + 10, 2));
     e.compressed_size = zip_field(*directory, at + 20, 4);
     e.size = zip_field(*directory, at + 24, 4);

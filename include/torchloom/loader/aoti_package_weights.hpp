@@ -8,6 +8,7 @@
 #include <torchloom/detail/torch_error.hpp>
 #include <torchloom/dtype.hpp>
 #include <torchloom/error.hpp>
+#include <torchloom/loader/archive_check.hpp>
 
 #include <ATen/ATen.h>
 #include <torch/script.h>
@@ -174,6 +175,7 @@ inline package_weights read_package_weights(const std::string& model,
                                              const std::vector<package_constant>& constants) {
   const std::string where = concat("'", file.string(), "'");
   std::unordered_map<std::string, at::Tensor> buffers;
+  check_torchscript_archive(model, file);  // before torch's loader trusts what it declares
   try {
     const torch::jit::Module holder = torch::jit::load(file.string(), c10::Device(c10::kCPU));
     for (const auto& b : holder.named_buffers(/*recurse=*/false)) buffers.emplace(b.name, b.value);

@@ -3,6 +3,7 @@
 #include <torchloom/concepts/weight_access.hpp>
 #include <torchloom/process_settings.hpp>
 #include <torchloom/detail/strings.hpp>
+#include <torchloom/loader/archive_check.hpp>
 #include <torchloom/loader/tensor_storage.hpp>
 #include <torchloom/detail/torch_error.hpp>
 #include <torchloom/weights/weight_graph.hpp>
@@ -64,8 +65,8 @@ struct torchscript_loader {
   }
 
   //! Throws model_not_found (no file), load_failed (not a TorchScript file, such as an
-  //! AOTInductor package; torch failed to load it (torch's message is kept); or a tensor needs
-  //! more bytes than its record holds),
+  //! AOTInductor package; a damaged archive: detail::check_torchscript_archive; torch failed
+  //! to load it (torch's message is kept); or a tensor needs more bytes than its record holds),
   //! invalid_option (conflicting process settings).
   model_type load(const load_context& ctx) const {
     const auto& name = ctx.spec.name;
@@ -77,6 +78,8 @@ struct torchscript_loader {
                                  "' is an AOTInductor package, not a TorchScript archive: load "
                                  "it with aoti_loader (platform 'torch_aoti')"));
     }
+    // Before torch reads it: torch's unpickler and reader trust what the archive declares.
+    detail::check_torchscript_archive(name, ctx.file);
     model_type m;
     if (opts.enable_jit_executor) {
       const bool v = *opts.enable_jit_executor;

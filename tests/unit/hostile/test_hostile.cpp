@@ -9,14 +9,20 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <string>
+#include <unordered_set>
+#include <vector>
 #include <torchloom/torchloom.hpp>
 
 #include "../../support/fixtures.hpp"
 #include "../../support/model_archive.hpp"
+#include "../../support/zip_writer.hpp"
 
 using torchloom::errc;
 using torchloom::model_spec;
@@ -84,12 +90,28 @@ TEST_CASE("A model.pt whose tensor record is shorter than its tensor fails at lo
           if (name == victim) b.resize(cut);
           return true;
         });
-        const auto err = torchloom_test::capture_error(
+        // Before torch reads it: the storage data.pkl declares against its record.
+        auto err = torchloom_test::capture_error(
             [&] { runner r(model_spec::from_directory(t / "three")); });
         INFO(err.what());
         CHECK(err.code() == errc::load_failed);
         CHECK(torchloom_test::contains(err.what(), "model 'three'"));
         CHECK(torchloom_test::contains(err.what(), file.string()));
+        CHECK(torchloom_test::contains(err.what(), "' holds " + std::to_string(cut) + " bytes"));
+        const bool names_its_tensor = torchloom_test::contains(err.what(), "(tensor 'w')") ||
+                                      torchloom_test::contains(err.what(), "(tensor 'shift')") ||
+                                      torchloom_test::contains(err.what(), "(tensor 'scale')");
+        CHECK(names_its_tensor);
+        // After torch read it, where the check before could not see (a pickle opcode a later
+        // torch reads): each tensor against the bytes its record delivered.
+        const auto reader = std::make_shared<torchloom::detail::recording_reader>(file.string());
+        const auto loaded = torch::jit::load(reader);
+        err = torchloom_test::capture_error([&] {
+          torchloom::detail::check_module_storages("three", file.string(), loaded, *reader);
+        });
+        INFO(err.what());
+        CHECK(err.code() == errc::load_failed);
+        CHECK(torchloom_test::contains(err.what(), "model 'three'"));
         CHECK(
             torchloom_test::contains(err.what(), "its record holds " + std::to_string(cut) + ";"));
         const bool names_tensor = torchloom_test::contains(err.what(), "w (") ||
@@ -388,4 +410,368 @@ TEST_CASE("An error message is one line of valid UTF-8: bytes that are not UTF-8
   CHECK(err.code() == errc::model_not_found);
   CHECK(torchloom_test::contains(err.what(), "caf\\xe9"));
   CHECK(iconv_reads_as_utf8(err.what()));
+}
+
+// ---------------------------------------------------------------------------------------
+// The archive checked before torch reads it: records, pickles, storages.
+
+namespace {
+
+using torchloom_test::zip_record;
+
+// A module whose data.pkl holds what torch's pickler writes: a submodule, a view at an
+// offset into a storage another attribute shares, a dict, a tuple, lists, an optional, half
+// and int tensors.
+torch::jit::Module make_rich_model() {
+  torch::jit::Module inner("inner");
+  inner.register_parameter("w", torch::randn({8, 8}), false);
+  inner.define("def forward(self, x):\n    return torch.matmul(x, self.w)\n");
+  torch::jit::Module m("rich");
+  m.register_module("inner", inner);
+  const auto base = torch::randn({16});
+  m.register_attribute("base", c10::TensorType::get(), base);
+  m.register_buffer("view", base.narrow(0, 4, 8));
+  c10::Dict<std::string, at::Tensor> table;
+  table.insert("a", torch::ones({2, 2}));
+  table.insert("b", torch::arange(6, torch::kLong).reshape({2, 3}).t());
+  m.register_attribute(
+      "table", c10::DictType::create(c10::StringType::get(), c10::TensorType::get()), table);
+  m.register_attribute("sizes", c10::ListType::ofInts(), c10::List<int64_t>({1, 2, 3}));
+  m.register_attribute("scales", c10::ListType::ofFloats(), c10::List<double>({0.5, 2.0}));
+  m.register_attribute(
+      "pair",
+      c10::TupleType::create({c10::IntType::get(), c10::StringType::get(), c10::FloatType::get(),
+                              c10::BoolType::get()}),
+      c10::ivalue::Tuple::create({c10::IValue(7), c10::IValue(std::string("seven")),
+                                  c10::IValue(7.5), c10::IValue(true)}));
+  m.register_attribute("maybe", c10::OptionalType::create(c10::TensorType::get()), c10::IValue());
+  m.register_attribute("half", c10::TensorType::get(), torch::ones({3}, torch::kHalf));
+  m.define(R"(
+def forward(self, x):
+    return self.inner.forward(x) + self.view + self.table["a"].sum() + self.half.float().sum()
+)");
+  return m;
+}
+
+// The archive `file`'s records by name (each with its root), in the archive's order.
+std::vector<std::pair<std::string, std::string>> records_with_root(const fs::path& file,
+                                                                   const std::string& root) {
+  auto records = torchloom_test::read_archive(file);
+  for (auto& [name, bytes] : records) name = root + "/" + name;
+  return records;
+}
+
+// A Triton model directory `dir` whose model.pt is the zip archive `bytes`.
+void write_zip_model(const fs::path& dir, const std::string& bytes) {
+  fs::create_directories(dir / "1");
+  torchloom_test::write_file(dir / "1" / "model.pt", bytes);
+}
+
+// Replaces, in the pickle `pkl`, the size of the storage `key` (the integer just before the
+// TUPLE and BINPERSID that end its persistent id) with the BININT `numel`.
+void forge_storage_size(std::string& pkl, const std::string& key, std::int32_t numel) {
+  const std::string key_op =
+      std::string("X") + static_cast<char>(key.size()) + std::string(3, '\0') + key;
+  const auto at = pkl.find(key_op);
+  REQUIRE(at != std::string::npos);
+  const auto end = pkl.find("tQ", at);
+  REQUIRE(end != std::string::npos);
+  std::size_t op = end;
+  if (pkl[end - 2] == 'K') {
+    op = end - 2;
+  } else if (pkl[end - 3] == 'M') {
+    op = end - 3;
+  } else if (pkl[end - 5] == 'J') {
+    op = end - 5;
+  }
+  REQUIRE(op != end);
+  std::string forged = "J";
+  torchloom_test::put_le(forged, static_cast<std::uint32_t>(numel), 4);
+  pkl.replace(op, end - op, forged);
+}
+
+// A hand-made persistent id of storage '0' (Float, `numel_op` elements) and the tensor
+// _rebuild_tensor_v2 makes of it: one dimension of `size_op` elements, stride 1, offset 0.
+std::string pickled_tensor(const std::string& numel_op, const std::string& size_op) {
+  using namespace std::string_literals;
+  return "ctorch._utils\n_rebuild_tensor_v2\n("s +
+         "(X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x00"s + "0" +
+         "X\x03\x00\x00\x00"s + "cpu" + numel_op + "tQ" + "K\x00"s + size_op +
+         "\x85K\x01\x85\x89NtR";
+}
+
+// The root of the archive `file` ("model/" for model.pt).
+std::string archive_root(const fs::path& file) {
+  const auto entries = torchloom::detail::read_zip_directory(file);
+  REQUIRE(entries);
+  REQUIRE(!entries->empty());
+  return entries->front().name.substr(0, entries->front().name.find('/') + 1);
+}
+
+}  // namespace
+
+TEST_CASE("scan_pickle: what torch writes passes and declares torch's storages", "[hostile]") {
+  temp_dir t;
+  auto m = make_rich_model();
+  m.save((t / "rich.pt").string());
+  std::vector<std::uint64_t> declared;
+  int pickles = 0;
+  for (const auto& [name, bytes] : torchloom_test::read_archive(t / "rich.pt")) {
+    const bool is_pickle = name == "data.pkl" || name == "constants.pkl" ||
+                           name.find(".debug_pkl") != std::string::npos;
+    if (!is_pickle) continue;
+    ++pickles;
+    const auto scan = torchloom::detail::scan_pickle(bytes);
+    INFO(name << ": " << scan.problem);
+    CHECK(scan.problem.empty());
+    CHECK(scan.complete);
+    if (name == "data.pkl") {
+      for (const auto& s : scan.storages) declared.push_back(s.numel * s.item_size);
+    }
+  }
+  CHECK(pickles >= 3);
+  // torch's own reading of the archive: each storage once, with its size in bytes.
+  std::vector<std::uint64_t> loaded;
+  std::unordered_set<const void*> seen;
+  const auto loaded_module = torch::jit::load((t / "rich.pt").string());
+  const auto add = [&](const at::Tensor& x) {
+    if (seen.insert(x.storage().data()).second) loaded.push_back(x.storage().nbytes());
+  };
+  for (const auto& a : loaded_module.named_attributes(/*recurse=*/true)) {
+    if (a.value.isTensor()) add(a.value.toTensor());
+    if (a.value.isGenericDict()) {
+      for (const auto& kv : a.value.toGenericDict()) add(kv.value().toTensor());
+    }
+  }
+  std::sort(declared.begin(), declared.end());
+  std::sort(loaded.begin(), loaded.end());
+  CHECK(declared == loaded);
+  CHECK(declared.size() == 5);  // inner.w, base (and the view on it), a, b, half
+}
+
+TEST_CASE("scan_pickle: each malformed shape is named with its byte", "[hostile]") {
+  using namespace std::string_literals;
+  using torchloom::detail::scan_pickle;
+  const std::string proto = "\x80\x02";
+  SECTION("well formed: a tensor within its storage") {
+    const auto scan = scan_pickle(proto + pickled_tensor("K\x04", "K\x04") + ".");
+    INFO(scan.problem);
+    CHECK(scan.problem.empty());
+    CHECK(scan.complete);
+    REQUIRE(scan.storages.size() == 1);
+    CHECK(scan.storages[0].key == "0");
+    CHECK(scan.storages[0].type == "Float");
+    CHECK(scan.storages[0].item_size == 4);
+    CHECK(scan.storages[0].numel == 4);
+  }
+  SECTION("an opcode torch does not read stops the scan without a verdict") {
+    const auto scan = scan_pickle(proto + "N\xff");
+    CHECK(scan.problem.empty());
+    CHECK_FALSE(scan.complete);
+  }
+  const std::string persid_head = "(X\x07\x00\x00\x00storage"s;
+  const std::string key_location = "X\x01\x00\x00\x00"s + "0" + "X\x03\x00\x00\x00"s + "cpu";
+  const std::pair<std::string, std::string> cases[] = {
+      {"", "at byte 0: it does not start with PROTO"},
+      {"\x80\x03.", "protocol 3; torch reads protocol 2"},
+      {proto, "at byte 2: the pickle ends without its STOP opcode"},
+      {proto + ")R.", "at byte 3: REDUCE needs 2 values on the stack and finds 1"},
+      {proto + "\x86.", "at byte 2: TUPLE1, 2 or 3 needs 2 values on the stack and finds 0"},
+      {proto + "t.", "TUPLE finds no MARK"},
+      {proto + "(K\x01" + "d.", "DICT finds a key without a value"},
+      {proto + "(e.", "APPENDS finds no list below its MARK"},
+      {proto + "N(R.", "REDUCE needs 2 values on the stack and finds 0"},
+      {proto + "X\xff\xff\xff\x7f" + "abc.",
+       "BINUNICODE declares a string of 2147483647 bytes where 4 are left"},
+      {proto + "Nr\x00\x00\x00\x40."s, "memo index 1073741824 after only 2 opcodes"},
+      {proto + "h\x05.", "BINGET of memo index 5, which is not set"},
+      {proto + "N).", "STOP leaves 2 values"},
+      {proto + "\x8a\x04\x00\x00\x00\x00."s, "LONG1 of 4 bytes; torch reads 8"},
+      {proto + "K\x01K\x02R.", "REDUCE or BUILD of something that no GLOBAL named"},
+      {proto + ")" + std::string(1001, '\x85') + ".", "values nest more than 1000 deep"},
+      {proto + persid_head + "K\x06" + key_location + "K\x04tQ.",
+       "BINPERSID's storage type is not torch.<Type>Storage"},
+      {proto + persid_head + "ctorch\nFloatStorage\n" + key_location + "J\xff\xff\xff\xfftQ.",
+       "storage '0' declares -1 elements"},
+      {proto + pickled_tensor("K\x04", "K\x08") + ".",
+       "a tensor of shape [8] at offset 0 needs 8 elements of storage '0', which declares 4"},
+      {proto + "cmodule\nname", "GLOBAL's name has no end of line"},
+  };
+  for (const auto& [bytes, expected] : cases) {
+    const auto scan = scan_pickle(bytes);
+    INFO("expected: " << expected);
+    CHECK(torchloom_test::contains(scan.problem, expected));
+    CHECK(scan.storages.empty());
+  }
+}
+
+TEST_CASE(
+    "A storage that data.pkl declares larger than its record is refused before torch "
+    "reads it",
+    "[hostile][runner]") {
+  temp_dir t;
+  auto m = make_three_tensor_model();
+  torchloom_test::write_triton_model(t / "three", m);
+  const auto file = t / "three" / "1" / "model.pt";
+  const auto good = t / "good.pt";
+  fs::rename(file, good);
+  std::uint64_t record_size = 0;
+  for (const auto& [name, bytes] : torchloom_test::read_archive(good)) {
+    if (name == "data/0") record_size = bytes.size();
+  }
+  REQUIRE(record_size > 0);
+  // 2^30 floats: 4 GiB that torch would take the record for, in a file of a few KiB.
+  for (const std::int32_t numel :
+       {std::int32_t{1} << 30, static_cast<std::int32_t>(record_size / 4 + 1)}) {
+    DYNAMIC_SECTION("storage '0' declares " << numel << " elements") {
+      torchloom_test::rewrite_archive(good, file, [&](const std::string& name, std::string& b) {
+        if (name == "data.pkl") forge_storage_size(b, "0", numel);
+        return true;
+      });
+      const std::uint64_t bytes = static_cast<std::uint64_t>(numel) * 4;
+      const std::string root = archive_root(file);
+      CHECK_TORCHLOOM_ERROR(
+          runner(model_spec::from_directory(t / "three")), errc::load_failed, "model 'three'",
+          file.string(), "storage '0' of '" + root + "data.pkl' (tensor 'w')",
+          "declares " + std::to_string(numel) + " Float elements (" + std::to_string(bytes) +
+              " bytes",
+          "but its record '" + root + "data/0' holds " + std::to_string(record_size) + " bytes");
+      const auto err =
+          torchloom_test::capture_error([&] { runner r(model_spec::from_directory(t / "three")); });
+      CHECK(torchloom_test::contains(err.what(), "more than the whole file's") ==
+            (bytes > fs::file_size(file)));
+    }
+  }
+}
+
+TEST_CASE("A malformed pickle is refused before torch's unpickler reads it", "[hostile][runner]") {
+  temp_dir t;
+  auto m = make_three_tensor_model();
+  torchloom_test::write_triton_model(t / "three", m);
+  const auto file = t / "three" / "1" / "model.pt";
+  const auto good = t / "good.pt";
+  fs::rename(file, good);
+  struct edit {
+    std::string record;
+    std::function<void(std::string&)> change;
+    std::string expected;
+  };
+  const edit edits[] = {
+      // what crashed torch 1.13: a REDUCE and a TUPLE2 on a too short stack
+      {"constants.pkl", [](std::string& b) { b = "\x80\x02)R"; },
+       "constants.pkl' is malformed at byte 3: REDUCE needs 2 values"},
+      {"constants.pkl", [](std::string& b) { b = "\x80\x02\x86."; },
+       "constants.pkl' is malformed at byte 2: TUPLE1, 2 or 3 needs 2 values"},
+      // what made torch 1.13 allocate gigabytes: a string's length forged
+      {"data.pkl",
+       [](std::string& b) {
+         const auto at = b.find('X');
+         REQUIRE(at != std::string::npos);
+         b.replace(at + 1, 4, std::string("\x00\x00\x00\xf0", 4));
+       },
+       "data.pkl' is malformed at byte "},
+      // the code's debug information, which torch reads when a run fails
+      {"code/__torch__.py.debug_pkl", [](std::string& b) { b.resize(b.size() / 2); },
+       "code/__torch__.py.debug_pkl' is malformed at byte "},
+  };
+  for (const auto& e : edits) {
+    DYNAMIC_SECTION(e.record << ": " << e.expected) {
+      bool found = false;
+      torchloom_test::rewrite_archive(good, file, [&](const std::string& name, std::string& b) {
+        if (name == e.record) {
+          e.change(b);
+          found = true;
+        }
+        return true;
+      });
+      REQUIRE(found);
+      CHECK_TORCHLOOM_ERROR(runner(model_spec::from_directory(t / "three")), errc::load_failed,
+                            "model 'three'", file.string(), "'" + archive_root(file) + e.expected,
+                            "the file is corrupt or was altered");
+    }
+  }
+}
+
+TEST_CASE(
+    "An archive re-packed stored or deflated loads and runs; a record past the "
+    "inflation cap or ratio, or whose sizes disagree, is refused before torch reads it",
+    "[hostile][runner]") {
+  temp_dir t;
+  auto m = make_three_tensor_model();
+  // Zeros compress about 160 times (torchloom_test::deflate_runs): 512 KiB is within the
+  // allowance, 2 MiB is past the ratio.
+  m.register_buffer("small_zeros", torch::zeros({128 * 1024}));
+  m.save((t / "saved.pt").string());
+  const auto records = records_with_root(t / "saved.pt", "model");
+  const auto x = torch::randn({2, 8});
+  const auto expected = m.forward({x}).toTensor();
+  const auto file = t / "m" / "1" / "model.pt";
+  const auto repack = [&](auto&& make) {
+    std::vector<zip_record> out;
+    for (const auto& [name, bytes] : records) out.push_back(make(name, bytes));
+    return out;
+  };
+
+  SECTION("stored, as a zip tool with -0 writes it") {
+    write_zip_model(t / "m", torchloom_test::make_zip(repack(torchloom_test::stored)));
+    runner r(model_spec::from_directory(t / "m"));
+    CHECK(torch::allclose(r.run({x})[0], expected));
+  }
+  SECTION("stored, with a record outside the archive's root, which torch does not read") {
+    auto zip = repack(torchloom_test::stored);
+    zip.push_back(torchloom_test::stored("z", "elsewhere"));
+    write_zip_model(t / "m", torchloom_test::make_zip(zip));
+    runner r(model_spec::from_directory(t / "m"));
+    CHECK(torch::allclose(r.run({x})[0], expected));
+  }
+  SECTION("deflated, the pickles too") {
+    write_zip_model(t / "m", torchloom_test::make_zip(repack(torchloom_test::deflated)));
+    runner r(model_spec::from_directory(t / "m"));
+    CHECK(torch::allclose(r.run({x})[0], expected));
+  }
+  SECTION("a record that inflates more than 100 times its size past the allowance") {
+    auto big = records;
+    big.emplace_back("model/extra/zeros", std::string(2 << 20, '\0'));
+    std::vector<zip_record> zip;
+    for (const auto& [name, bytes] : big) zip.push_back(torchloom_test::deflated(name, bytes));
+    REQUIRE(zip.back().data.size() * 100 < (2u << 20));
+    write_zip_model(t / "m", torchloom_test::make_zip(zip));
+    CHECK_TORCHLOOM_ERROR(runner(model_spec::from_directory(t / "m")), errc::load_failed,
+                          "model 'm'", file.string(), "record 'model/extra/zeros' inflates ",
+                          "to 2097152, more than 100 times its compressed size",
+                          "store the archive uncompressed");
+  }
+  SECTION("a record that declares more than the cap") {
+    auto zip = repack(torchloom_test::deflated);
+    zip.front().size = torchloom::max_inflated_record_bytes + 1;
+    write_zip_model(t / "m", torchloom_test::make_zip(zip));
+    CHECK_TORCHLOOM_ERROR(runner(model_spec::from_directory(t / "m")), errc::load_failed,
+                          "model 'm'", file.string(), "record '" + zip.front().name + "'",
+                          "declares 1073741825 bytes inflated, over the cap of 1073741824");
+  }
+  SECTION("a stored record that declares more than it holds") {
+    auto zip = repack(torchloom_test::stored);
+    zip[1].size = zip[1].data.size() + 4;
+    write_zip_model(t / "m", torchloom_test::make_zip(zip));
+    CHECK_TORCHLOOM_ERROR(runner(model_spec::from_directory(t / "m")), errc::load_failed,
+                          "model 'm'", file.string(), "record '" + zip[1].name + "'",
+                          "is stored uncompressed but declares " +
+                              std::to_string(zip[1].data.size() + 4) + " bytes and holds " +
+                              std::to_string(zip[1].data.size()));
+  }
+  SECTION("a local header that disagrees with the directory") {
+    auto zip = repack(torchloom_test::deflated);
+    zip[1].local_size = *zip[1].size + 1;
+    write_zip_model(t / "m", torchloom_test::make_zip(zip));
+    CHECK_TORCHLOOM_ERROR(runner(model_spec::from_directory(t / "m")), errc::load_failed,
+                          "model 'm'", file.string(), "record '" + zip[1].name + "'",
+                          "in its local header but " + std::to_string(*zip[1].size));
+  }
+  SECTION("a record twice") {
+    auto zip = repack(torchloom_test::stored);
+    zip.push_back(zip[1]);
+    write_zip_model(t / "m", torchloom_test::make_zip(zip));
+    CHECK_TORCHLOOM_ERROR(runner(model_spec::from_directory(t / "m")), errc::load_failed,
+                          "record '" + zip[1].name + "' appears twice");
+  }
 }

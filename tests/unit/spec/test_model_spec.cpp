@@ -1,6 +1,7 @@
 // Model spec: model files and Triton-layout directories, and the errors for bad ones.
 #include "../../support/fixtures.hpp"
 #include "../../support/model_archive.hpp"
+#include "../../support/zip_writer.hpp"
 
 #include <torchloom/loader/aoti.hpp>
 #include <torchloom/loader/torchscript.hpp>
@@ -21,86 +22,8 @@ namespace {
 namespace fs = std::filesystem;
 using runner = torchloom::model_runner<torchloom::torchscript_loader>;
 
-// A zip archive written byte by byte, for what torch's writer never makes: ZIP64 records,
-// compressed entries, a comment after the directory.
-struct zip_record {
-  std::string name;
-  std::string data;
-  std::uint16_t method = 0;
-};
-
-// `width` little-endian bytes of `v`; past 8 bytes, zeros (a run of zero fields at once).
-void put(std::string& out, std::uint64_t v, int width) {
-  for (int i = 0; i < width; ++i) {
-    out.push_back(i < 8 ? static_cast<char>((v >> (8 * i)) & 0xff) : '\0');
-  }
-}
-
-std::string make_zip(const std::vector<zip_record>& records, bool zip64,
-                     const std::string& comment = "") {
-  std::string out;
-  std::string directory;
-  for (const auto& r : records) {
-    const std::uint64_t offset = out.size();
-    put(out, 0x04034b50, 4);
-    put(out, 45, 2);
-    put(out, 0, 2);
-    put(out, r.method, 2);
-    put(out, 0, 4);  // time, date
-    put(out, 0, 4);  // crc: not checked by the reader
-    put(out, r.data.size(), 4);
-    put(out, r.data.size(), 4);
-    put(out, r.name.size(), 2);
-    put(out, 0, 2);
-    out += r.name + r.data;
-    put(directory, 0x02014b50, 4);
-    put(directory, 45, 2);
-    put(directory, 45, 2);
-    put(directory, 0, 2);
-    put(directory, r.method, 2);
-    put(directory, 0, 8);
-    put(directory, zip64 ? 0xffffffff : r.data.size(), 4);
-    put(directory, zip64 ? 0xffffffff : r.data.size(), 4);
-    put(directory, r.name.size(), 2);
-    put(directory, zip64 ? 28 : 0, 2);
-    put(directory, 0, 2 + 2 + 2 + 4);
-    put(directory, zip64 ? 0xffffffff : offset, 4);
-    directory += r.name;
-    if (zip64) {
-      put(directory, 1, 2);
-      put(directory, 24, 2);
-      put(directory, r.data.size(), 8);
-      put(directory, r.data.size(), 8);
-      put(directory, offset, 8);
-    }
-  }
-  const std::uint64_t directory_offset = out.size();
-  out += directory;
-  if (zip64) {
-    const std::uint64_t end64 = out.size();
-    put(out, 0x06064b50, 4);
-    put(out, 44, 8);
-    put(out, 45, 2);
-    put(out, 45, 2);
-    put(out, 0, 8);
-    put(out, records.size(), 8);
-    put(out, records.size(), 8);
-    put(out, directory.size(), 8);
-    put(out, directory_offset, 8);
-    put(out, 0x07064b50, 4);
-    put(out, 0, 4);
-    put(out, end64, 8);
-    put(out, 1, 4);
-  }
-  put(out, 0x06054b50, 4);
-  put(out, 0, 4);
-  put(out, zip64 ? 0xffff : records.size(), 2);
-  put(out, zip64 ? 0xffff : records.size(), 2);
-  put(out, zip64 ? 0xffffffff : directory.size(), 4);
-  put(out, zip64 ? 0xffffffff : directory_offset, 4);
-  put(out, comment.size(), 2);
-  return out + comment;
-}
+using torchloom_test::make_zip;
+using torchloom_test::zip_record;
 
 const std::vector<zip_record> package_records = {
     {"pkg/archive_format", "pt2"}, {"pkg/data/aotinductor/model/m.wrapper.so", "\x7f" "ELF"}};
