@@ -324,6 +324,20 @@ run_tests() {
       grep -E -A5 "$failure" "$SCRATCH/ctest.txt" | cut -c1-240 | show 5000 || true
     fi
   fi
+  # The 3,000 corrupted model files of the long mode, once with this machine's torch: each
+  # loaded (and run) in a child process; none may crash, hang or take over 1 GiB.
+  if [[ -x $BUILD/tests/torchloom_corrupt_models && -d tests/data/corrupt ]]; then
+    step "corrupt models, seeds 0-2999"
+    local rc=0
+    run_logged "$SCRATCH/corrupt.txt" timeout "$(min 120 $(($(left) - 200)))" \
+      "$BUILD/tests/torchloom_corrupt_models" 0 3000 --jobs 12 --bases tests/data/corrupt \
+      || rc=$?
+    grep -E '^corrupt models:' "$SCRATCH/corrupt.txt" | tail -1 | show 500
+    if ((rc != 0)); then
+      say "corrupt models: FAILED (status $rc)"
+      test_rc=1
+    fi
+  fi
   if [[ -n $SERVING ]]; then
     step "serving tests (scripts/gpu-serving.sh test)"
     local rc=0
@@ -337,6 +351,7 @@ run_tests() {
     grep -E 'tests passed|tests failed' "$SCRATCH/ctest.txt" 2>/dev/null | tail -1 || true
     sed -n '/The following tests FAILED/,$p' "$SCRATCH/ctest.txt" 2>/dev/null \
       | grep -v '^Errors while' | head -20 || true
+    grep -E '^corrupt models:' "$SCRATCH/corrupt.txt" 2>/dev/null | tail -1 || true
     if ((fixtures_rc != 0)); then echo "fixtures: a fixture script FAILED (see gpu-log.txt)"; fi
     echo "ctest status: $test_rc"
   } >"$TEST_SUMMARY"
