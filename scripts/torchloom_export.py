@@ -394,6 +394,18 @@ def stream_weights(ep, device=None, keep_small_tensors=False):
                                  "model (.contiguous())")
         streamed.add(key)
 
+    # A streamed tensor constant goes to inductor as a non-persistent buffer (kept in
+    # ep.constants, as such buffers are): as a constant, inductor's tracing would see a plain
+    # tensor attribute and keep it under a name of its own (_tensor_constant<N>), while the
+    # runner installs each weight under the names the metadata gives it.
+    from torch.export.graph_signature import InputSpec
+    streamed_names = {n for n in fqn_of if group_of.get(n) in streamed}
+    for k, spec in enumerate(sig.input_specs):
+        if (spec.kind == InputKind.CONSTANT_TENSOR and isinstance(spec.arg, TensorArgument)
+                and spec.arg.name in streamed_names):
+            sig.input_specs[k] = InputSpec(InputKind.BUFFER, spec.arg, spec.target,
+                                           persistent=False)
+
     # A weight returned as an output (or a view of it) would hand the caller the runner's
     # own memory, which streaming reuses.
     output = next(n for n in graph.nodes if n.op == "output")
