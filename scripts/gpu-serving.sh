@@ -234,6 +234,7 @@ case "$CMD" in
     if ! cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
       "-DCMAKE_PREFIX_PATH=$KIT_PREFIX;$TORCH_PREFIX" -DTORCHLOOM_TRITON_BACKEND=ON \
       "-DTritonKit_DIR=$KIT_PREFIX/lib/cmake/TritonKit" -DTORCHLOOM_WERROR=ON \
+      "-DTORCHLOOM_TRITON_KIT_SOURCES=$KIT_DIR/triton-src.tar.gz" \
       -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
       >"$STATE/configure.log" 2>&1; then
       { grep -E -A10 'CMake Error|Error:' "$STATE/configure.log" || true; } | head -n 40

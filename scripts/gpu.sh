@@ -131,10 +131,20 @@ configure() {
   # policy level below 3.5; this lifts them instead of failing.
   local prefix="$TORCH_PREFIX"
   if [[ -n $SERVING ]]; then prefix="$SERVING;$prefix"; fi
+  # The Triton kit's sources (for Triton's stock minimal backend, T13's measure of what
+  # Triton itself costs) where the kit travelled with the checkout.
+  local kit_sources=() d
+  for d in .tkit .tpeer/triton; do
+    if [[ -f $d/triton-src.tar.gz ]]; then
+      kit_sources=("-DTORCHLOOM_TRITON_KIT_SOURCES=$PWD/$d/triton-src.tar.gz")
+      break
+    fi
+  done
   local rc=0
   run_logged "$SCRATCH/configure.txt" cmake -S . -B "$BUILD" -G Ninja \
     -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$prefix" -DTORCHLOOM_WERROR=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_POLICY_VERSION_MINIMUM=3.5 || rc=$?
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_POLICY_VERSION_MINIMUM=3.5 "${kit_sources[@]}" \
+    || rc=$?
   if ((rc != 0)); then
     say "configure failed (status $rc):"
     grep -E -A10 'CMake Error|Error:' "$SCRATCH/configure.txt" | show 6000 || true
