@@ -1,4 +1,6 @@
 #pragma once
+#include <torchloom/core_options.hpp>
+#include <torchloom/detail/option_values.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
 #include <torchloom/option_types.hpp>
@@ -31,58 +33,6 @@
 
 namespace torchloom {
 
-//! The core's settings: how each run is made, and torch's process-wide switches (read by the
-//! runner's core and the TorchScript loader). A described block, like each policy's.
-struct core_options {
-  //! Other spellings of keys: Triton's PyTorch 2 runtime calls ENABLE_CACHE_CLEANING
-  //! CACHE_CLEANING_ENABLED.
-  static constexpr std::pair<std::string_view, std::string_view> key_aliases[] = {
-      {"CACHE_CLEANING_ENABLED", "ENABLE_CACHE_CLEANING"}};
-  //! Run under c10::InferenceMode (otherwise under no-grad).
-  bool inference_mode = true;
-  //! Turn the TorchScript graph executor's optimisation off (per run, per thread).
-  bool disable_optimized_execution = false;
-  //! TorchScript executor switches; process-wide in torch.
-  std::optional<bool> enable_jit_executor;
-  std::optional<bool> enable_jit_profiling;
-  //! torch thread pools; process-wide in torch. 0 or less leaves torch's default (as in
-  //! Triton's PyTorch backend).
-  std::optional<bounded<int, std::numeric_limits<int>::min(), 4096>> intra_op_thread_count;
-  std::optional<bounded<int, std::numeric_limits<int>::min(), 4096>> inter_op_thread_count;
-  //! cuDNN off (true) or on; process-wide in torch.
-  std::optional<bool> disable_cudnn;
-  //! TorchScript's tensor-expression fuser (NNC) and nvFuser on or off; process-wide in torch.
-  std::optional<bool> enable_tensor_fuser;
-  std::optional<bool> enable_nvfuser;
-  //! Empty the CUDA caching allocator's cache after each run. Also spelt
-  //! CACHE_CLEANING_ENABLED (the name in Triton's PyTorch 2 runtime).
-  bool enable_cache_cleaning = false;
-
-  friend bool operator==(const core_options&, const core_options&) = default;
-};
-BOOST_DESCRIBE_STRUCT(core_options, (),
-                      (inference_mode, disable_optimized_execution, enable_jit_executor,
-                       enable_jit_profiling, intra_op_thread_count, inter_op_thread_count,
-                       disable_cudnn, enable_tensor_fuser, enable_nvfuser, enable_cache_cleaning))
-
-//! The core's op-library step: custom-op libraries, loaded before the hook and the model.
-struct op_library_options {
-  //! Custom-op libraries, ';'-separated.
-  std::vector<std::string> op_libraries;
-
-  friend bool operator==(const op_library_options&, const op_library_options&) = default;
-};
-BOOST_DESCRIBE_STRUCT(op_library_options, (), (op_libraries))
-
-//! The core's warm-up step.
-struct warmup_options {
-  //! Runs at load with inputs synthesised from the declared input specs.
-  bounded<int, 0, 1000000> warmup_iterations = 0;
-
-  friend bool operator==(const warmup_options&, const warmup_options&) = default;
-};
-BOOST_DESCRIBE_STRUCT(warmup_options, (), (warmup_iterations))
-
 //! Everything a runner can be told at run time: the core's blocks and each policy's block,
 //! composed (as CUTLASS composes each component's Arguments). Each member's key is its name in
 //! upper case (Triton's spelling where Triton has the key): `intra_op_thread_count` is
@@ -113,111 +63,6 @@ BOOST_DESCRIBE_STRUCT(runner_options,
                       ())
 
 namespace detail {
-
-template <class T>
-struct is_optional : std::false_type {};
-template <class T>
-struct is_optional<std::optional<T>> : std::true_type {};
-
-template <class T>
-struct is_bounded : std::false_type {};
-template <class T, T Min, T Max>
-struct is_bounded<bounded<T, Min, Max>> : std::true_type {};
-
-//! What a value of type T may be, for error messages.
-template <class T>
-std::string accepted() {
-  if constexpr (is_optional<T>::value) {
-    return accepted<typename T::value_type>();
-  } else if constexpr (std::is_same_v<T, bool>) {
-    return "a boolean: true/false, 1/0, yes/no or on/off";
-  } else if constexpr (is_bounded<T>::value) {
-    if constexpr (T::min == std::numeric_limits<typename T::value_type>::min()) {
-      return concat("an integer up to ", +T::max, " (0 or less: torch's default)");
-    } else {
-      return concat("an integer from ", +T::min, " to ", +T::max);
-    }
-  } else if constexpr (custom_option_value<T>) {
-    return T::accepted();
-  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
-    return "a ';'-separated list";
-  } else {
-    static_assert(std::is_same_v<T, std::string>, "runner_options: unsupported member type");
-    return "a string";
-  }
-}
-
-inline std::optional<bool> parse_bool(std::string_view text) {
-  const std::string v = to_lower(trim(text));
-  if (v == "true" || v == "1" || v == "yes" || v == "on") return true;
-  if (v == "false" || v == "0" || v == "no" || v == "off") return false;
-  return std::nullopt;
-}
-
-//! Parses `text` into `out`; false when the text is not a value of T.
-template <class T>
-bool parse_value(std::string_view text, T& out) {
-  if constexpr (is_optional<T>::value) {
-    typename T::value_type v{};
-    if (!parse_value(text, v)) return false;
-    out = v;
-    return true;
-  } else if constexpr (std::is_same_v<T, bool>) {
-    auto b = parse_bool(text);
-    if (b) out = *b;
-    return b.has_value();
-  } else if constexpr (is_bounded<T>::value) {
-    auto s = trim(text);
-    typename T::value_type v{};
-    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-    if (ec != std::errc{} || end != s.data() + s.size() || v < T::min || v > T::max) {
-      return false;
-    }
-    out = v;
-    return true;
-  } else if constexpr (custom_option_value<T>) {
-    auto v = T::parse(text);
-    if (v) out = std::move(*v);
-    return v.has_value();
-  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
-    out = split(text, ';');
-    return true;
-  } else {
-    out = std::string(trim(text));
-    return true;
-  }
-}
-
-template <class T>
-std::string format_value(const T& v) {
-  if constexpr (is_optional<T>::value) {
-    return v ? format_value(*v) : std::string("(unset)");
-  } else if constexpr (std::is_same_v<T, bool>) {
-    return v ? "true" : "false";
-  } else if constexpr (is_bounded<T>::value) {
-    return std::to_string(v.value);
-  } else if constexpr (custom_option_value<T>) {
-    return v.format();
-  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
-    std::string out;
-    for (const auto& s : v) out += (out.empty() ? "" : ";") + s;
-    return out;
-  } else {
-    return v;
-  }
-}
-
-//! Whether `key` is the key of the member `name` (its name in upper case), without building
-//! the key: set_option and get_option compare every member's name with the key given.
-inline bool is_key_of(std::string_view name, std::string_view key) {
-  if (name.size() != key.size()) return false;
-  for (std::size_t i = 0; i < name.size(); ++i) {
-    if (std::toupper(static_cast<unsigned char>(name[i])) != static_cast<unsigned char>(key[i])) {
-      return false;
-    }
-  }
-  return true;
-}
 
 // The components' settings (described bases) included.
 using option_members =
