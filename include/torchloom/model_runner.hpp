@@ -6,6 +6,7 @@
 #include <torchloom/context.hpp>
 #include <torchloom/detail/config.hpp>
 #include <torchloom/detail/inputs.hpp>
+#include <torchloom/detail/policy_stand_in.hpp>
 #include <torchloom/libraries/op_libraries.hpp>
 #include <torchloom/process_settings.hpp>
 #include <torchloom/detail/runner_core.hpp>
@@ -35,30 +36,6 @@
 #include <vector>
 
 namespace torchloom {
-
-namespace detail {
-// When a policy fails its concept, the runner's members fall back to these stand-ins, so the
-// user sees the static_assert naming the role and not a cascade of errors behind it.
-struct invalid_policy_stand_in {
-  const invalid_policy_stand_in& model() const noexcept { return *this; }
-};
-template <class L, class = void>
-struct model_type_of {
-  using type = invalid_policy_stand_in;
-};
-template <class L>
-struct model_type_of<L, std::void_t<typename L::model_type>> {
-  using type = typename L::model_type;
-};
-template <bool Valid, class Residency, class Loader>
-struct holder_of {
-  using type = typename Residency::template holder<Loader>;
-};
-template <class Residency, class Loader>
-struct holder_of<false, Residency, Loader> {
-  using type = invalid_policy_stand_in;
-};
-}  // namespace detail
 
 //! A model runner composed from four policies, checked at compile time:
 //!  - Loader: how the model file becomes something callable (torchscript_loader, ...);
