@@ -36,6 +36,7 @@
 #include "bench/support/gpu_clock.hpp"
 #include "bench/support/registration.hpp"
 #include "bench/support/stats.hpp"
+#include "tests/support/linear_mlp.hpp"
 
 #include <array>
 #include <atomic>
@@ -108,20 +109,7 @@ void write_models(process_state& s) {
   s.victim_file = s.dir / "victim.pt";
   s.gemm_file = s.dir / "gemm.pt";
   torch::manual_seed(0);
-  torch::jit::Module victim("isolation_victim");
-  const double scale = 1.0 / std::sqrt(static_cast<double>(victim_width));
-  for (int i = 1; i <= 4; ++i) {
-    const std::string n = std::to_string(i);
-    victim.register_parameter("w" + n, torch::randn({victim_width, victim_width}) * scale, false);
-    victim.register_parameter("b" + n, torch::randn({victim_width}) * 0.01, false);
-  }
-  victim.define(R"(
-def forward(self, x):
-    h = torch.relu(torch.linear(x, self.w1, self.b1))
-    h = torch.relu(torch.linear(h, self.w2, self.b2))
-    h = torch.relu(torch.linear(h, self.w3, self.b3))
-    return torch.linear(h, self.w4, self.b4)
-)");
+  torch::jit::Module victim = torchloom_test::linear_mlp("isolation_victim", victim_width);
   victim.save(s.victim_file.string());
   torch::jit::Module gemm("isolation_gemm");
   gemm.define(R"(

@@ -42,6 +42,7 @@
 #include "bench/support/registration.hpp"
 #include "bench/support/stats.hpp"
 #include "tests/support/temp_dir.hpp"
+#include "tests/support/linear_mlp.hpp"
 
 #if TORCHLOOM_HAS_CUDA
 #include "bench/support/cuda.hpp"
@@ -399,20 +400,8 @@ const t16_files& t16_models() {
     fs::create_directories(dir / "victim");
     fs::create_directories(dir / "gemm");
     torch::manual_seed(0);
-    torch::jit::Module victim("serving_victim");
-    const double scale = 1.0 / std::sqrt(static_cast<double>(victim_width));
-    for (int i = 1; i <= 4; ++i) {
-      const std::string n = std::to_string(i);
-      victim.register_parameter("w" + n, torch::randn({victim_width, victim_width}) * scale, false);
-      victim.register_parameter("b" + n, torch::randn({victim_width}) * 0.01, false);
-    }
-    victim.define(R"(
-def forward(self, x):
-    h = torch.relu(torch.linear(x, self.w1, self.b1))
-    h = torch.relu(torch.linear(h, self.w2, self.b2))
-    h = torch.relu(torch.linear(h, self.w3, self.b3))
-    return torch.linear(h, self.w4, self.b4)[:, 0:16]
-)");
+    torch::jit::Module victim =
+        torchloom_test::linear_mlp("serving_victim", victim_width, "y[:, 0:16]");
     t16_files out{dir / "victim" / "model.pt", dir / "gemm" / "model.pt"};
     victim.save(out.victim.string());
     // b scaled by 1/sqrt(n) keeps every product's entries near 1: no overflow, never zeros.

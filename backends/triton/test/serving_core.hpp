@@ -5,6 +5,7 @@
 // writes the models it needs before it loads them (the core loads models on demand). Defined
 // in test_side_by_side.cpp, used by test_serving_faults.cpp too.
 #include "support/catch.hpp"
+#include "support/linear_mlp.hpp"
 
 #include <torch/script.h>
 
@@ -124,20 +125,7 @@ constexpr std::int64_t weights_width = 1024;
 inline std::filesystem::path weights_model() {
   static const std::filesystem::path file = [] {
     torch::manual_seed(21);
-    torch::jit::Module m("serving_weights");
-    const double scale = 1.0 / 32.0;  // 1 / sqrt(weights_width)
-    for (int i = 1; i <= 4; ++i) {
-      const std::string n = std::to_string(i);
-      m.register_parameter("w" + n, torch::randn({weights_width, weights_width}) * scale, false);
-      m.register_parameter("b" + n, torch::randn({weights_width}) * 0.01, false);
-    }
-    m.define(R"(
-def forward(self, x):
-    h = torch.relu(torch.linear(x, self.w1, self.b1))
-    h = torch.relu(torch.linear(h, self.w2, self.b2))
-    h = torch.relu(torch.linear(h, self.w3, self.b3))
-    return torch.linear(h, self.w4, self.b4)
-)");
+    torch::jit::Module m = torchloom_test::linear_mlp("serving_weights", weights_width);
     return save_model(m, core().repository.parent_path() / "files" / "weights");
   }();
   return file;
@@ -160,6 +148,16 @@ inline at::Tensor weights_reference(const at::Tensor& x) {
   static torch::jit::Module m = torch::jit::load(weights_model().string());
   c10::InferenceMode guard;
   return m.forward({x}).toTensor();
+}
+
+//! Sends `x` as the input "x" to `model` and checks its one output against `expected`.
+inline void check_weights_answer(const std::string& model, const at::Tensor& x,
+                                 const at::Tensor& expected) {
+  const auto r = core().server->infer(model, {input("x", x)});
+  INFO((r.error ? r.error->message : std::string()));
+  REQUIRE_FALSE(r.error.has_value());
+  REQUIRE(r.outputs.size() == 1);
+  CHECK(torch::allclose(tensor_of(r.outputs[0]), expected, 1e-4, 1e-5));
 }
 
 }  // namespace torchloom_serving_test
