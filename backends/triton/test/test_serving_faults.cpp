@@ -79,13 +79,7 @@ std::int64_t reload_cycles_growth(const std::string& model, Measure&& measure) {
     INFO(model << ", cycle " << cycle);
     require_load(model);
     // Three requests: graphed_caller captures a graph at the third, and must free it too.
-    for (int i = 0; i < 3; ++i) {
-      const auto r = core().server->infer(model, {input("x", x)});
-      INFO((r.error ? r.error->message : std::string()));
-      REQUIRE_FALSE(r.error.has_value());
-      REQUIRE(r.outputs.size() == 1);
-      CHECK(torch::allclose(tensor_of(r.outputs[0]), expected, 1e-4, 1e-5));
-    }
+    for (int i = 0; i < 3; ++i) check_weights_answer(model, x, expected);
     core().server->unload(model);
     REQUIRE_FALSE(core().server->ready(model));
     if (cycle + 1 == warm_cycles) start = measure();

@@ -391,11 +391,7 @@ TEST_CASE(
       // Three requests of one shape: graphed_caller captures at the third and replays after.
       for (int i = 0; i < 4; ++i) {
         INFO(model << ", request " << i);
-        const auto r = core().server->infer(model, {input("x", x)});
-        INFO((r.error ? r.error->message : std::string()));
-        REQUIRE_FALSE(r.error.has_value());
-        REQUIRE(r.outputs.size() == 1);
-        CHECK(torch::allclose(tensor_of(r.outputs[0]), expected, 1e-4, 1e-5));
+        check_weights_answer(model, x, expected);
       }
       core().server->unload(model);
     }
