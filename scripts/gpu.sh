@@ -34,7 +34,11 @@
 #                                             compute-sanitizer (memcheck and synccheck)
 #                                             instead of ctest and the benchmarks; exit
 #                                             status 1 when a tool reports an error or a
-#                                             test fails under it.
+#                                             test fails under it. Where one call's limit
+#                                             is too short for all of it, two calls split
+#                                             it: GPU_SH_SANITIZE=hazards (the [hazards]
+#                                             cases: concurrency and failure), then
+#                                             GPU_SH_SANITIZE=rest (every other CUDA test).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -254,36 +258,47 @@ sanitize() {
     sanitize_failed=1
     return
   fi
-  local file="$SCRATCH/sanitize.txt" rc=0
+  local file="$SCRATCH/sanitize.txt" rc=0 began=$SECONDS
   run_logged "$file" timeout "$t" env "${vars[@]}" "$SANITIZER" "$@" --error-exitcode 3 \
     "$BUILD/tests/torchloom_tests" "$filter" || rc=$?
   local summary
   summary=$(grep -E 'ERROR SUMMARY|All tests passed|test cases' "$file" | tail -n 2 | tr '\n' ' ')
-  say "${vars[*]} $* '$filter': status $rc; ${summary:-no summary (see gpu-log.txt)}"
+  say "${vars[*]} $* '$filter': status $rc in $((SECONDS - began))s; ${summary:-no summary (see gpu-log.txt)}"
   if ((rc != 0)); then sanitize_failed=1; fi
 }
 
-if [[ ${GPU_SH_SANITIZE:-0} == 1 ]]; then
+SANITIZE_PART="${GPU_SH_SANITIZE:-0}"
+if [[ $SANITIZE_PART != 0 ]]; then
+  case "$SANITIZE_PART" in
+    1 | all | hazards | rest) ;;
+    *) finish 1 "GPU_SH_SANITIZE: 1 (all), hazards or rest, not '$SANITIZE_PART'" ;;
+  esac
   configure
   start_fixtures
   build
   await_fixtures || true
-  step "compute-sanitizer"
+  step "compute-sanitizer ($SANITIZE_PART)"
   SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   if [[ ! -x $SANITIZER ]]; then finish 1 "compute-sanitizer not found"; fi
   # The stream and residency tests with torch's caching allocator off, so that freed memory is
   # really freed; the graph tests with it on (a graph keeps its memory in its private pool;
   # without the allocator graphed<S> runs eagerly). The tests whose capture fails by design
   # run apart, without reports of the API errors that failure is. [hazards]: the concurrency
-  # and failure cases, under both tools.
+  # and failure cases, first, under both tools.
   # The [transformers] cases (real architectures: minutes under the tool) are left out.
-  sanitize "[stream][cuda]~[graphs]~[hazards],[streamed][cuda]~[transformers],[mapped][cuda]~[transformers]" \
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- --tool memcheck
-  sanitize "[stream][cuda]~[graphs]" -- --tool synccheck
-  sanitize "[graphs][cuda]~[capture-fails]" -- --tool memcheck
-  sanitize "[capture-fails]" -- --tool memcheck --report-api-errors no
-  sanitize "[graphs][cuda]~[capture-fails]" -- --tool synccheck
-  sanitize "[hazards]~[graphs]" -- --tool memcheck
+  if [[ $SANITIZE_PART != rest ]]; then
+    sanitize "[hazards]~[graphs]" PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- --tool memcheck
+    sanitize "[hazards][graphs]~[capture-fails]" -- --tool memcheck
+    sanitize "[hazards]~[capture-fails]" -- --tool synccheck
+    sanitize "[capture-fails]" -- --tool memcheck --report-api-errors no
+  fi
+  if [[ $SANITIZE_PART != hazards ]]; then
+    sanitize "[stream][cuda]~[graphs]~[hazards],[streamed][cuda]~[transformers],[mapped][cuda]~[transformers]" \
+      PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- --tool memcheck
+    sanitize "[stream][cuda]~[graphs]~[hazards]" -- --tool synccheck
+    sanitize "[graphs][cuda]~[capture-fails]~[hazards]" -- --tool memcheck
+    sanitize "[graphs][cuda]~[capture-fails]~[hazards]" -- --tool synccheck
+  fi
   if ((sanitize_failed != 0)); then finish 1 "compute-sanitizer reported errors or failures"; fi
   finish 0 "compute-sanitizer clean"
 fi
