@@ -598,6 +598,8 @@ class instance_state : public tb::BackendModelInstance {
       run_stream_ = cuda::stream_lease(name, device_.index());
       const c10::cuda::CUDAGuard guard(device_);
       fence_ = cuda::event(name);
+      run_began_ = cuda::event(name, cudaEventDefault);
+      run_ended_ = cuda::event(name, cudaEventDefault);
     }
 #endif
     bind_inputs();
@@ -779,6 +781,53 @@ class instance_state : public tb::BackendModelInstance {
 #endif
   }
 
+  // Whether the run stream and Triton's stream of the instance are both there, so that
+  // fence() orders them on the GPU.
+  bool fenced() {
+#if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
+    return run_stream_ && CudaStream() != nullptr;
+#else
+    return false;
+#endif
+  }
+
+  // Waits for Triton's stream of the instance without throwing: on the way out of a run that
+  // failed while copies into the collector's buffers were still queued.
+  void synchronize_quietly() noexcept {
+#ifdef TRITON_ENABLE_GPU
+    if (cudaStreamSynchronize(CudaStream()) != cudaSuccess) (void)cudaGetLastError();
+#endif
+  }
+
+  // Records the start (`began`) or the end of a run's device work on the run stream, with
+  // timing, where fenced().
+  void mark_run([[maybe_unused]] bool began) {
+#if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
+    const cudaEvent_t e = began ? run_began_.get() : run_ended_.get();
+    if (const cudaError_t err = cudaEventRecord(e, run_stream_.get()); err != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw error(errc::cuda_error, model_->spec().name,
+                  detail::concat("timing the model's run: ", cudaGetErrorString(err)));
+    }
+#endif
+  }
+
+  // The compute end of a run timed by mark_run(), once its device work is done:
+  // `compute_start` plus the device time between the marks, within [`launched`, now].
+  std::uint64_t timed_compute_end([[maybe_unused]] std::uint64_t compute_start,
+                                  std::uint64_t launched) const {
+    std::uint64_t end = launched;
+#if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, run_began_.get(), run_ended_.get()) == cudaSuccess) {
+      end = std::max(launched, compute_start + static_cast<std::uint64_t>(ms * 1e6));
+    } else {
+      (void)cudaGetLastError();
+    }
+#endif
+    return std::min(end, now_ns());
+  }
+
   // Orders the work queued later on Triton's stream of the instance after the work queued so
   // far on the run stream (`to_triton`), or the reverse. Nothing where either is missing.
   void fence([[maybe_unused]] bool to_triton) {
@@ -828,6 +877,9 @@ class instance_state : public tb::BackendModelInstance {
   // Triton's stream (see run_group).
   cuda::stream_lease run_stream_;
   cuda::event fence_;
+  // Timing events around a run on the GPU: its compute end without a host wait (see run_group).
+  cuda::event run_began_;
+  cuda::event run_ended_;
 #endif
   std::unique_ptr<any_runner> runner_;
   std::vector<input_binding> inputs_;  // in argument order
@@ -1091,6 +1143,16 @@ void instance_state::run_group(group& g) {
                                       model_->TritonMemoryManager(),
                                       model_->EnablePinnedInput(), CudaStream(), nullptr,
                                       nullptr, 0, HostPolicyName().c_str());
+  // Copies into the collector's buffers that no host wait has covered yet: waited for before
+  // the collector goes, also when the run fails (declared after it, so it goes first).
+  struct pending_copies {
+    instance_state* self;
+    bool pending = false;
+    ~pending_copies() {
+      if (pending) self->synchronize_quietly();
+    }
+  } input_copies{this};
+  bool host_inputs = false;  // an input the run reads from host memory
   std::vector<c10::IValue> values;
   c10::Dict<std::string, at::Tensor> dict;
   for (const auto& b : inputs_) {
@@ -1134,6 +1196,7 @@ void instance_state::run_group(group& g) {
         shape = {static_cast<std::int64_t>(bytes / c10::elementSize(*d.dtype))};
       }
     }
+    host_inputs = host_inputs || memory_type != TRITONSERVER_MEMORY_GPU;
     const auto options = at::TensorOptions().dtype(*d.dtype).device(
         memory_type == TRITONSERVER_MEMORY_GPU
             ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(memory_id))
@@ -1146,7 +1209,14 @@ void instance_state::run_group(group& g) {
       values.emplace_back(std::move(t));
     }
   }
-  if (collector.Finalize()) synchronize();
+  // The collector's copies: a run that reads only device memory is ordered after them on the
+  // GPU by fence(), and the host waits for them later, with the responder's (one host wait a
+  // run, not two); one that reads host memory waits for them now.
+  input_copies.pending = collector.Finalize();
+  if (input_copies.pending && (host_inputs || !fenced())) {
+    synchronize();
+    input_copies.pending = false;
+  }
   fence(false);  // the run after the collector's copies
   // A request the collector could not gather has its error; the others run. Its rows stay
   // in the batch (the responder skips them by its shape).
@@ -1155,6 +1225,10 @@ void instance_state::run_group(group& g) {
   }
 
   g.compute_start = now_ns();
+  // On the GPU the compute end is timed by events, not by a host wait for the run: the
+  // responder's copies go out right behind it, and the host waits once, for them.
+  const bool timed = fenced();
+  if (timed) mark_run(true);
   if (dict_) values = {c10::IValue(std::move(dict))};
   const std::vector<c10::IValue> outputs = run_model(std::move(values));
   // Each output is checked before any is sent: a bad one fails the whole batch.
@@ -1217,8 +1291,14 @@ void instance_state::run_group(group& g) {
     }
     out_tensors[i] = t.contiguous();
   }
-  wait_for_device();
-  g.compute_end = now_ns();
+  std::uint64_t launched = 0;
+  if (timed) {
+    mark_run(false);
+    launched = now_ns();
+  } else {
+    wait_for_device();
+    g.compute_end = now_ns();
+  }
   fence(true);  // the responder's copies after the run
 
   tb::BackendOutputResponder responder(requests, count, &responses,
@@ -1253,7 +1333,14 @@ void instance_state::run_group(group& g) {
     }
   }
   copies = responder.Finalize() || copies;
-  if (copies) synchronize();
+  if (copies || input_copies.pending) {
+    synchronize();
+    input_copies.pending = false;
+  }
+  if (timed) {
+    if (!copies) wait_for_device();  // nothing of the run's went through Triton's stream
+    g.compute_end = timed_compute_end(g.compute_start, launched);
+  }
   for (auto* s : states) {
     if (TRITONSERVER_Error* err = TRITONBACKEND_StateUpdate(s)) {
       RESPOND_ALL_AND_SET_NULL_IF_ERROR(responses, count, err);

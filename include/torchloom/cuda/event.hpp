@@ -15,17 +15,17 @@
 
 namespace torchloom::cuda {
 
-//! An owned CUDA event without timing (the only kind torchloom records: ordering between
-//! streams, and the host waiting for the device). Empty when default-constructed or moved
-//! from; destroyed with its owner, without waiting for it.
+//! An owned CUDA event, by default without timing (ordering between streams, and the host
+//! waiting for the device). Empty when default-constructed or moved from; destroyed with its
+//! owner, without waiting for it.
 class event {
  public:
   event() noexcept = default;
 
-  //! Creates the event on the current device. Throws cuda_error naming `model`.
-  explicit event(const std::string& model) {
-    check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), model,
-          "cudaEventCreateWithFlags");
+  //! Creates the event on the current device, with cudaEventCreateWithFlags' `flags` (pass
+  //! cudaEventDefault for an event that times). Throws cuda_error naming `model`.
+  explicit event(const std::string& model, unsigned flags = cudaEventDisableTiming) {
+    check(cudaEventCreateWithFlags(&event_, flags), model, "cudaEventCreateWithFlags");
   }
 
   event(event&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
