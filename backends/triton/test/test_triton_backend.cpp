@@ -332,6 +332,20 @@ instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]
 )";
     add_script("gpu_clean", big, big_io + param("ENABLE_CACHE_CLEANING", "true"));
     add_script("gpu_unload", big, big_io);
+    // Twenty products of 2048 x 2048 matrices: 344 GFLOP of device work a request.
+    add_script("gpu_busy", R"(
+def forward(self, x):
+    w = torch.eye(2048, device=x.device)
+    y = x
+    for _ in range(20):
+        y = torch.mm(y, w)
+    return y
+)",
+               R"(max_batch_size: 0
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 2048, 2048 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 2048, 2048 ] } ]
+instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]
+)");
   }
 
   void add_mlp_config(const std::string& name, const std::string& io) {
@@ -1311,6 +1325,28 @@ void check_malformed_requests(const std::string& model) {
 
 TEST_CASE("malformed requests get INVALID_ARG and never run the model", "[triton]") {
   check_malformed_requests("mlp");
+}
+
+TEST_CASE("statistics on the GPU: compute infer holds the run's device time", "[triton][cuda]") {
+  REQUIRE_GPU_CORE();
+  require_loaded("gpu_busy");
+  const at::Tensor x = torch::randn({2048, 2048});
+  const auto infer0 = core().duration("gpu_busy", "compute_infer", "ns");
+  const auto success0 = core().duration("gpu_busy", "success", "ns");
+  constexpr int requests = 3;
+  for (int i = 0; i < requests; ++i) {
+    const auto r = core().infer("gpu_busy", {float_input("x", x)});
+    INFO(error_text(r));
+    REQUIRE_FALSE(r.error.has_value());
+    CHECK(torch::allclose(output_tensor(r), x, 1e-3, 1e-3));
+  }
+  INFO(core().statistics("gpu_busy"));
+  const auto infer = core().duration("gpu_busy", "compute_infer", "ns") - infer0;
+  // A physical bound, not a timing target: 344 GFLOP take at least 344 µs at 1 PFLOP/s, more
+  // than any GPU does in FP32, while a compute end taken when the kernels were queued, not
+  // when they finished, comes some tens of microseconds after the start.
+  CHECK(infer >= requests * std::uint64_t{344000});
+  CHECK(infer <= core().duration("gpu_busy", "success", "ns") - success0);
 }
 
 TEST_CASE("malformed requests never reach the GPU", "[triton][cuda]") {
