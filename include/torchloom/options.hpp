@@ -3,11 +3,11 @@
 #include <torchloom/detail/option_values.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
+#include <torchloom/graph_options.hpp>
 #include <torchloom/option_types.hpp>
 #include <torchloom/hook/dlopen_hook_options.hpp>
 #include <torchloom/loader/aoti_options.hpp>
 #include <torchloom/residency/weight_options.hpp>
-#include <torchloom/stream/graph_options.hpp>
 #include <torchloom/stream/green_context_options.hpp>
 
 #include <boost/describe/class.hpp>
@@ -39,11 +39,12 @@ namespace torchloom {
 //! `INTRA_OP_THREAD_COUNT`. Parsing, printing, the list of keys, the other spellings and which
 //! policy reads a key all come from this one description (the bases in order, then their
 //! members); there is no second table of keys. An unset optional leaves the torch default
-//! alone. A policy's block is declared beside it (graph_options: graphed<Stream>;
-//! dlopen_hook_options; green_context_options; aoti_options; the residency policies' blocks
-//! in residency/weight_options.hpp); a policy names the blocks it reads in `option_blocks`
-//! and takes them from the runner's options by reference to the block. The members are the
-//! blocks' (`o.aoti_num_runners`), as in one flat struct.
+//! alone. A policy's block is declared beside it (graph_options: graphed<Stream> and its CUDA
+//! graph cache, in graph_options.hpp; dlopen_hook_options; green_context_options;
+//! aoti_options; the residency policies' blocks in residency/weight_options.hpp); a policy
+//! names the blocks it reads in `option_blocks` and takes them from the runner's options by
+//! reference to the block. The members are the blocks' (`o.aoti_num_runners`), as in one flat
+//! struct.
 struct runner_options : graph_options,
                         core_options,
                         shared_weights_options,

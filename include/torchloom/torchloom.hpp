@@ -6,6 +6,8 @@
 #include <torchloom/concepts/stream_policy.hpp>
 #include <torchloom/concepts/weight_access.hpp>
 #include <torchloom/error.hpp>
+#include <torchloom/graph_options.hpp>
+#include <torchloom/graph_stats.hpp>
 #include <torchloom/hook/dlopen_hook.hpp>
 #include <torchloom/hook/dlopen_hook_options.hpp>
 #include <torchloom/hook/no_hook.hpp>
@@ -30,8 +32,6 @@
 #include <torchloom/signature.hpp>
 #include <torchloom/stream/adaptive.hpp>
 #include <torchloom/stream/caller.hpp>
-#include <torchloom/stream/graph_options.hpp>
-#include <torchloom/stream/graph_stats.hpp>
 #include <torchloom/stream/graphed.hpp>
 #include <torchloom/stream/green_context.hpp>
 #include <torchloom/stream/green_context_options.hpp>
