@@ -3,6 +3,7 @@
 #include <torchloom/concepts/stream_policy.hpp>
 #include <torchloom/detail/config.hpp>
 #include <torchloom/error.hpp>
+#include <torchloom/options.hpp>
 #include <torchloom/stream/caller.hpp>
 #include <torchloom/stream/graph_options.hpp>
 #include <torchloom/stream/graph_stats.hpp>

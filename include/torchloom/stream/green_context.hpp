@@ -3,6 +3,7 @@
 #include <torchloom/detail/config.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
+#include <torchloom/options.hpp>
 #include <torchloom/stream/green_context_options.hpp>
 #include <torchloom/stream/stream_fence.hpp>
 
