@@ -6,6 +6,7 @@
 #include <torchloom/context.hpp>
 #include <torchloom/detail/config.hpp>
 #include <torchloom/detail/policy_stand_in.hpp>
+#include <torchloom/detail/strings.hpp>
 #include <torchloom/detail/torch_error.hpp>
 #include <torchloom/error.hpp>
 #include <torchloom/hook/no_hook.hpp>
