@@ -10,12 +10,12 @@
 #include <torchloom/detail/torch_error.hpp>
 #include <torchloom/error.hpp>
 #include <torchloom/hook/no_hook.hpp>
-#include <torchloom/libraries/op_libraries.hpp>
 #include <torchloom/model_spec.hpp>
 #include <torchloom/process_settings.hpp>
 #include <torchloom/residency/resident.hpp>
 #include <torchloom/residency/weight_memory.hpp>
 #include <torchloom/runner/inputs.hpp>
+#include <torchloom/runner/model_op_libraries.hpp>
 #include <torchloom/runner/runner_core.hpp>
 #include <torchloom/runner/torch_settings.hpp>
 #include <torchloom/runner/warm_up.hpp>
