@@ -1,7 +1,4 @@
 #pragma once
-#include <torchloom/model_spec.hpp>
-#include <torchloom/options.hpp>
-
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
 
@@ -9,6 +6,9 @@
 #include <string>
 
 namespace torchloom {
+
+struct model_spec;      // model_spec.hpp
+struct runner_options;  // options.hpp
 
 //! What a hook or a stream policy is told about the model being loaded. The references are
 //! valid for the duration of the call that receives the context.

@@ -5,19 +5,20 @@
 #include <torchloom/concepts/stream_policy.hpp>
 #include <torchloom/context.hpp>
 #include <torchloom/detail/config.hpp>
-#include <torchloom/detail/inputs.hpp>
 #include <torchloom/detail/policy_stand_in.hpp>
-#include <torchloom/libraries/op_libraries.hpp>
-#include <torchloom/process_settings.hpp>
-#include <torchloom/detail/runner_core.hpp>
+#include <torchloom/detail/strings.hpp>
 #include <torchloom/detail/torch_error.hpp>
-#include <torchloom/detail/torch_settings.hpp>
-#include <torchloom/detail/warm_up.hpp>
 #include <torchloom/error.hpp>
 #include <torchloom/hook/no_hook.hpp>
 #include <torchloom/model_spec.hpp>
+#include <torchloom/process_settings.hpp>
 #include <torchloom/residency/resident.hpp>
 #include <torchloom/residency/weight_memory.hpp>
+#include <torchloom/runner/inputs.hpp>
+#include <torchloom/runner/model_op_libraries.hpp>
+#include <torchloom/runner/runner_core.hpp>
+#include <torchloom/runner/torch_settings.hpp>
+#include <torchloom/runner/warm_up.hpp>
 #include <torchloom/signature.hpp>
 #include <torchloom/stream/caller.hpp>
 

@@ -2,9 +2,9 @@
 // Which argument of forward() a config input feeds, and which output of the model a config
 // output is: Triton's PyTorch-backend rules, applied to the whole list at once, with every
 // contradiction refused at load instead of two names silently landing on one position.
-#include <torchloom/detail/runner_core.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
+#include <torchloom/runner/runner_core.hpp>
 
 #include <algorithm>
 #include <cstddef>

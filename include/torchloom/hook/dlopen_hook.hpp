@@ -6,6 +6,7 @@
 #include <torchloom/hook/dlopen_hook_options.hpp>
 #include <torchloom/libraries/library_trust.hpp>
 #include <torchloom/model_init.h>
+#include <torchloom/options.hpp>
 
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>

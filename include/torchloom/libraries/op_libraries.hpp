@@ -3,7 +3,6 @@
 #include <torchloom/error.hpp>
 #include <torchloom/libraries/library_trust.hpp>
 #include <torchloom/libraries/op_library_probe.hpp>
-#include <torchloom/model_spec.hpp>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -186,14 +185,5 @@ inline void load_op_libraries(const std::string& model,
     state.loaded.push_back(op_library_record{path, model, probe.ops, bytes.size(), hash, handle});
   }
 }
-
-//! A runner's construction step: loads the model's OP_LIBRARIES, before the hook and the
-//! model, which may need the operators they register. Throws as load_op_libraries. The
-//! libraries stay loaded for the process (see above): there is nothing to undo.
-struct model_op_libraries {
-  explicit model_op_libraries(const model_spec& spec) {
-    load_op_libraries(spec.name, spec.directory, spec.options.op_libraries);
-  }
-};
 
 }  // namespace torchloom::detail

@@ -1,8 +1,8 @@
 #pragma once
 #include <torchloom/concepts/stream_policy.hpp>
-#include <torchloom/detail/stream_fence.hpp>
 #include <torchloom/stream/caller.hpp>
 #include <torchloom/stream/pool.hpp>
+#include <torchloom/stream/stream_fence.hpp>
 
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>

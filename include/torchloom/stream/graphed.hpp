@@ -5,6 +5,7 @@
 #include <torchloom/error.hpp>
 #include <torchloom/graph_options.hpp>
 #include <torchloom/graph_stats.hpp>
+#include <torchloom/options.hpp>
 #include <torchloom/stream/caller.hpp>
 
 #include <ATen/core/ivalue.h>

@@ -1,10 +1,11 @@
 #pragma once
 #include <torchloom/concepts/stream_policy.hpp>
 #include <torchloom/detail/config.hpp>
-#include <torchloom/detail/stream_fence.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
+#include <torchloom/options.hpp>
 #include <torchloom/stream/green_context_options.hpp>
+#include <torchloom/stream/stream_fence.hpp>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>

@@ -1,6 +1,6 @@
 #pragma once
 #include <torchloom/concepts/stream_policy.hpp>
-#include <torchloom/detail/stream_fence.hpp>
+#include <torchloom/stream/stream_fence.hpp>
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 

@@ -1,11 +1,11 @@
 #pragma once
-#include <torchloom/dtype.hpp>
-#include <torchloom/detail/inputs.hpp>
-#include <torchloom/detail/runner_core.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/detail/torch_error.hpp>
+#include <torchloom/dtype.hpp>
 #include <torchloom/error.hpp>
 #include <torchloom/model_spec.hpp>
+#include <torchloom/runner/inputs.hpp>
+#include <torchloom/runner/runner_core.hpp>
 #include <torchloom/signature.hpp>
 #include <torchloom/triton/config.hpp>
 
