@@ -1,6 +1,5 @@
 #pragma once
 #include <torchloom/concepts/loader.hpp>
-#include <torchloom/concepts/weight_access.hpp>
 #include <torchloom/loader/aoti_call_spec.hpp>
 #include <torchloom/loader/aoti_metadata.hpp>
 #include <torchloom/detail/config.hpp>
@@ -9,8 +8,6 @@
 #include <torchloom/error.hpp>
 #include <torchloom/io_names.hpp>
 #include <torchloom/loader/aoti_options.hpp>
-#include <torchloom/model_format.hpp>
-#include <torchloom/weights/weight_graph.hpp>
 #include <torchloom/signature.hpp>
 
 #include <ATen/core/ivalue.h>
@@ -22,34 +19,33 @@
 #include <vector>
 
 #if TORCHLOOM_TORCH_VERSION >= 20600
-#include <ATen/DynamicLibrary.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/StreamGuard.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
-#include <torchloom/loader/aoti_weights.hpp>
-#include <torchloom/loader/aoti_model.hpp>
+#include <torchloom/concepts/weight_access.hpp>
 #include <torchloom/loader/aoti_container.hpp>
+#include <torchloom/loader/aoti_model.hpp>
 #include <torchloom/loader/aoti_package.hpp>
+#include <torchloom/loader/aoti_package_weights.hpp>
 #include <torchloom/loader/aoti_weight_access.hpp>
+#include <torchloom/loader/aoti_weights.hpp>
 #if TORCHLOOM_HAS_CUDA
 #include <c10/cuda/CUDAStream.h>
 #endif
 
 #include <algorithm>
-#include <array>
-#include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <system_error>
-#include <type_traits>
 #include <unordered_map>
 #include <utility>
+#else
+#include <torchloom/loader/aoti_unavailable.hpp>
 #endif
 
 namespace torchloom {
@@ -381,37 +377,10 @@ struct aoti_loader {
 
 static_assert(loader<aoti_loader>);
 static_assert(tensor_loader<aoti_loader>);
+
 static_assert(swappable_constants<aoti_loader>);
 static_assert(rewritable_weights<aoti_loader>);
 static_assert(measurable_weights<aoti_loader>);
-
-#else
-
-namespace detail {
-#define TORCHLOOM_AOTI_STR_(x) #x
-#define TORCHLOOM_AOTI_STR(x) TORCHLOOM_AOTI_STR_(x)
-//! Stands for aoti_loader below LibTorch 2.6: any use that needs the type complete (a
-//! model_runner of it, constructing one) stops with the reason; the header itself compiles.
-template <class T = void>
-struct aoti_loader_unavailable {
-  static_assert(dependent_false<T>,
-                "torchloom: aoti_loader needs LibTorch >= 2.6 (this build has "
-                TORCHLOOM_AOTI_STR(TORCH_VERSION_MAJOR) "." TORCHLOOM_AOTI_STR(TORCH_VERSION_MINOR)
-                "); use torchscript_loader or build against a newer LibTorch");
-  // The loader's shape, so that this assertion is the only error a runner of it reports.
-  struct model_type {};
-  static constexpr std::string_view default_filename = "model.pt2";
-  static constexpr std::string_view platform = "torch_aoti";
-  model_type load(const load_context&) const;
-  input_signature signature(const model_type&) const;
-  c10::IValue run(model_type&, std::vector<c10::IValue>&&, const run_context&) const;
-};
-#undef TORCHLOOM_AOTI_STR
-#undef TORCHLOOM_AOTI_STR_
-}  // namespace detail
-
-//! The AOTInductor loader; this build's LibTorch is older than 2.6, which it needs.
-using aoti_loader = detail::aoti_loader_unavailable<>;
 
 #endif
 
