@@ -17,7 +17,7 @@
 #include <torchloom/hook/no_hook.hpp>
 #include <torchloom/model_spec.hpp>
 #include <torchloom/residency/resident.hpp>
-#include <torchloom/residency/weight_memory.hpp>
+#include <torchloom/weights/weight_memory.hpp>
 #include <torchloom/signature.hpp>
 #include <torchloom/stream/caller.hpp>
 

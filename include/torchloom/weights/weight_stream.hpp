@@ -8,7 +8,7 @@
 #include <torchloom/weights/weight_graph.hpp>
 #include <torchloom/weights/weight_schedule.hpp>
 #include <torchloom/error.hpp>
-#include <torchloom/residency/weight_memory.hpp>
+#include <torchloom/weights/weight_memory.hpp>
 
 #include <ATen/ATen.h>
 
