@@ -8,6 +8,7 @@
 #include <torchloom/weights/weight_graph.hpp>
 #include <torchloom/weights/weight_schedule.hpp>
 #include <torchloom/error.hpp>
+#include <torchloom/weights/mib_text.hpp>
 #include <torchloom/weights/weight_memory.hpp>
 
 #include <ATen/ATen.h>
@@ -32,21 +33,6 @@
 #include <vector>
 
 namespace torchloom::detail {
-
-inline constexpr std::int64_t mib = std::int64_t{1} << 20;
-
-//! "3 MiB" for a byte count, rounded up to whole MiB (the unit of WEIGHT_OFFLOAD_BUDGET_MB).
-inline std::string mib_text(std::int64_t bytes) {
-  return concat((bytes + mib - 1) / mib, " MiB");
-}
-
-//! "7.01 MiB": a byte count in MiB with two decimals.
-inline std::string size_text(std::int64_t bytes) {
-  const std::int64_t hundredths = (bytes * 100 + mib / 2) / mib;
-  const std::int64_t frac = hundredths % 100;
-  return concat(hundredths / 100, '.', frac < 10 ? "0" : "", frac, " MiB");
-}
-
 
 //! The run-time side of streamed_weights: the device arena, the copy stream and the events,
 //! and the fetch operator's implementation. One run at a time (the holder serialises runs).
