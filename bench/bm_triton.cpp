@@ -33,6 +33,7 @@
 #include <torchloom/detail/config.hpp>
 #include <torchloom/torchloom.hpp>
 
+#include "in_process_requests.hpp"
 #include "in_process_triton.hpp"
 #include "side_by_side.hpp"
 

@@ -13,7 +13,6 @@
 #include <torchloom/model_spec.hpp>
 #include <torchloom/process_settings.hpp>
 #include <torchloom/residency/resident.hpp>
-#include <torchloom/residency/weight_memory.hpp>
 #include <torchloom/runner/inputs.hpp>
 #include <torchloom/runner/model_op_libraries.hpp>
 #include <torchloom/runner/runner_core.hpp>
@@ -21,6 +20,7 @@
 #include <torchloom/runner/warm_up.hpp>
 #include <torchloom/signature.hpp>
 #include <torchloom/stream/caller.hpp>
+#include <torchloom/weights/weight_memory.hpp>
 
 #include <ATen/core/ivalue.h>
 #include <c10/core/Device.h>

@@ -27,7 +27,7 @@
 #include <torchloom/residency/resident.hpp>
 #include <torchloom/residency/shared.hpp>
 #include <torchloom/residency/streamed.hpp>
-#include <torchloom/residency/weight_memory.hpp>
+#include <torchloom/weights/weight_memory.hpp>
 #include <torchloom/residency/weight_options.hpp>
 #include <torchloom/signature.hpp>
 #include <torchloom/stream/adaptive.hpp>

@@ -9,6 +9,7 @@
 
 #include <torch/script.h>
 
+#include "in_process_requests.hpp"
 #include "in_process_triton.hpp"
 #include "side_by_side.hpp"
 

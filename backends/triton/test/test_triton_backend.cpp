@@ -21,6 +21,7 @@
 #endif
 
 #include "backend_errors.hpp"
+#include "in_process_requests.hpp"
 #include "in_process_triton.hpp"
 #include "io_binding.hpp"
 #include "string_tensors.hpp"

@@ -1,6 +1,5 @@
 #pragma once
 #include <torchloom/concepts/loader.hpp>
-#include <torchloom/concepts/weight_access.hpp>
 #include <torchloom/loader/aoti_call_spec.hpp>
 #include <torchloom/loader/aoti_metadata.hpp>
 #include <torchloom/detail/config.hpp>
@@ -9,8 +8,6 @@
 #include <torchloom/error.hpp>
 #include <torchloom/io_names.hpp>
 #include <torchloom/loader/aoti_options.hpp>
-#include <torchloom/model_format.hpp>
-#include <torchloom/weights/weight_graph.hpp>
 #include <torchloom/signature.hpp>
 
 #include <ATen/core/ivalue.h>
@@ -22,246 +19,38 @@
 #include <vector>
 
 #if TORCHLOOM_TORCH_VERSION >= 20600
-#include <ATen/DynamicLibrary.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/StreamGuard.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <torchloom/concepts/weight_access.hpp>
+#include <torchloom/loader/aoti_container.hpp>
+#include <torchloom/loader/aoti_model.hpp>
+#include <torchloom/loader/aoti_package.hpp>
+#include <torchloom/loader/aoti_package_weights.hpp>
+#include <torchloom/loader/aoti_weight_access.hpp>
 #include <torchloom/loader/aoti_weights.hpp>
 #if TORCHLOOM_HAS_CUDA
 #include <c10/cuda/CUDAStream.h>
 #endif
 
 #include <algorithm>
-#include <array>
-#include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <system_error>
-#include <type_traits>
 #include <unordered_map>
 #include <utility>
+#else
+#include <torchloom/loader/aoti_unavailable.hpp>
 #endif
 
 namespace torchloom {
 
 #if TORCHLOOM_TORCH_VERSION >= 20600
-
-//! A loaded AOTInductor package and what it declares.
-struct aoti_model {
-  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> package;
-  //! Set when the package runs on torch's single-threaded runner (AOTI_NUM_RUNNERS=1, or CUDA
-  //! graph capture): that runner takes no lock, so runs take this one, for the host's part of
-  //! a call only (the launch; the GPU work of two calls on two streams still overlaps).
-  std::unique_ptr<std::mutex> single_run;
-  input_signature inputs;  //!< count and names from the package, dtype/shape where declared
-  io_names names;  //!< Triton's forward-based names of its inputs and outputs (call spec)
-  std::unordered_map<std::string, std::string> metadata;  //!< the package's metadata map
-  c10::Device device{c10::kCPU};  //!< where it runs
-  //! A package exported for streaming: its constants as installed (the weights on the
-  //! device, or placeholders for streamed_weights; the package holds only their addresses)
-  //! and its reads.
-  std::vector<at::Tensor> weights;
-  //! streamed_weights: the weights read from weights.pt, until the policy packs them.
-  std::vector<at::Tensor> weights_on_host;
-  std::unique_ptr<detail::package_reads> reads;
-};
-
-namespace detail {
-
-//! Refuses what would reach torch's package reader as something other than a zip archive:
-//! a missing path, a directory, an empty or foreign file. Throws model_not_found or
-//! load_failed naming the path.
-inline void check_package_file(const std::string& model, const std::filesystem::path& file) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(file, ec)) {
-    throw error(errc::model_not_found, model,
-                concat("AOTInductor package '", file.string(), "' does not exist"));
-  }
-  std::array<char, 4> magic{};
-  std::ifstream in(file, std::ios::binary);
-  in.read(magic.data(), static_cast<std::streamsize>(magic.size()));
-  if (!in || magic != std::array<char, 4>{'P', 'K', '\x03', '\x04'}) {
-    throw error(errc::load_failed, model,
-                concat("'", file.string(),
-                       "' is not an AOTInductor package (.pt2): it is not a zip archive"));
-  }
-  if (read_model_format(file) == model_format::torchscript) {
-    throw error(errc::load_failed, model,
-                concat("'", file.string(),
-                       "' is a TorchScript archive, not an AOTInductor package: load it with "
-                       "torchscript_loader (platform 'pytorch_libtorch')"));
-  }
-}
-
-//! Constructs torch's package loader with the arguments this LibTorch takes: num_runners and
-//! device_index came after 2.6. Without device_index the package's device key ("cuda") means
-//! the current device, which the caller's device guard sets. A template so that the
-//! branches this LibTorch cannot compile are never instantiated.
-template <class PackageLoader>
-std::unique_ptr<PackageLoader> make_package_loader(const std::string& model,
-                                                   const std::string& file,
-                                                   const std::string& model_name,
-                                                   std::size_t num_runners, c10::Device device,
-                                                   bool single_threaded = false) {
-  const auto index = device.is_cuda() ? device.index() : c10::DeviceIndex{-1};
-  // True with one runner, and for CUDA graph capture: torch's threaded container records an
-  // event per run on its model instance and, to hand that instance to the next call, waits
-  // on the host for it (so back-to-back calls each wait for the GPU to finish the one before,
-  // and calls from several streams never overlap), and an event recorded in a capture cannot
-  // be waited on afterwards. The single-threaded runner keeps no such state but takes no lock:
-  // the caller takes one (aoti_model::single_run). False for several runners, which run at
-  // once on instances of their own.
-  using str = const std::string&;
-  if constexpr (std::is_constructible_v<PackageLoader, str, str, bool, std::size_t,
-                                        c10::DeviceIndex>) {
-    return std::make_unique<PackageLoader>(file, model_name, single_threaded, num_runners, index);
-  } else {
-    if (num_runners != 1) {
-      throw error(errc::unsupported, model,
-                  concat("AOTI_NUM_RUNNERS=", num_runners,
-                         " needs a LibTorch whose AOTIModelPackageLoader takes num_runners; "
-                         "this one (",
-                         TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR,
-                         ") runs one call at a time: leave it at 1"));
-    }
-    if constexpr (std::is_constructible_v<PackageLoader, str, str, bool>) {
-      return std::make_unique<PackageLoader>(file, model_name, single_threaded);
-    } else {
-      return std::make_unique<PackageLoader>(file, model_name);
-    }
-  }
-}
-
-//! The model container's inputs (count and names), which torch's runner keeps to itself:
-//! its container handle and model library are protected members. A pointer to member formed
-//! in a derived class reaches them without copying the runner's layout; the two entry points
-//! are part of every AOTInductor model library. nullopt where they cannot be read.
-struct container_inputs : torch::inductor::AOTIModelContainerRunner {
-  static std::optional<std::vector<std::string>> read(
-      torch::inductor::AOTIModelContainerRunner* runner) {
-    if (runner == nullptr) return std::nullopt;
-    const auto handle = runner->*(&container_inputs::container_handle_);
-    at::DynamicLibrary* library = (runner->*(&container_inputs::model_so_)).get();
-    if (handle == nullptr || library == nullptr) return std::nullopt;
-    try {
-      const auto count_fn = reinterpret_cast<decltype(&AOTInductorModelContainerGetNumInputs)>(
-          library->sym("AOTInductorModelContainerGetNumInputs"));
-      const auto name_fn = reinterpret_cast<decltype(&AOTInductorModelContainerGetInputName)>(
-          library->sym("AOTInductorModelContainerGetInputName"));
-      std::size_t count = 0;
-      if (count_fn(handle, &count) != 0) return std::nullopt;  // 0: AOTI_RUNTIME_SUCCESS
-      std::vector<std::string> names(count);
-      for (std::size_t i = 0; i < count; ++i) {
-        const char* n = nullptr;
-        if (name_fn(handle, i, &n) == 0 && n != nullptr) names[i] = n;
-      }
-      return names;
-    } catch (const std::exception&) {
-      return std::nullopt;  // a library without the symbol: fall back to the call spec
-    }
-  }
-};
-
-//! How many outputs the model container returns, through the same entry points; nullopt
-//! where it cannot be read.
-struct container_outputs : torch::inductor::AOTIModelContainerRunner {
-  static std::optional<std::size_t> count(torch::inductor::AOTIModelContainerRunner* runner) {
-    if (runner == nullptr) return std::nullopt;
-    const auto handle = runner->*(&container_outputs::container_handle_);
-    at::DynamicLibrary* library = (runner->*(&container_outputs::model_so_)).get();
-    if (handle == nullptr || library == nullptr) return std::nullopt;
-    try {
-      const auto count_fn = reinterpret_cast<decltype(&AOTInductorModelContainerGetNumOutputs)>(
-          library->sym("AOTInductorModelContainerGetNumOutputs"));
-      std::size_t n = 0;
-      if (count_fn(handle, &n) != 0) return std::nullopt;
-      return n;
-    } catch (const std::exception&) {
-      return std::nullopt;
-    }
-  }
-};
-
-//! The package's constants as its model library declares them (name, dtype, byte size),
-//! through the same entry points; empty where they cannot be read.
-struct container_constants : torch::inductor::AOTIModelContainerRunner {
-  static std::vector<package_constant> read(torch::inductor::AOTIModelContainerRunner* runner) {
-    std::vector<package_constant> out;
-    if (runner == nullptr) return out;
-    const auto handle = runner->*(&container_constants::container_handle_);
-    at::DynamicLibrary* library = (runner->*(&container_constants::model_so_)).get();
-    if (handle == nullptr || library == nullptr) return out;
-    using count_fn = int32_t (*)(AOTInductorModelContainerHandle, std::size_t*);
-    using name_fn = int32_t (*)(AOTInductorModelContainerHandle, std::size_t, const char**);
-    using dtype_fn = int32_t (*)(AOTInductorModelContainerHandle, std::size_t, int32_t*);
-    using size_fn = int32_t (*)(AOTInductorModelContainerHandle, std::size_t, std::size_t*);
-    try {
-      const auto count_of = reinterpret_cast<count_fn>(
-          library->sym("AOTInductorModelContainerGetNumConstants"));
-      const auto fqn_of = reinterpret_cast<name_fn>(
-          library->sym("AOTInductorModelContainerGetConstantOriginalFQN"));
-      const auto dtype_of = reinterpret_cast<dtype_fn>(
-          library->sym("AOTInductorModelContainerGetConstantDtype"));
-      size_fn size_of = nullptr;
-      try {
-        size_of = reinterpret_cast<size_fn>(
-            library->sym("AOTInductorModelContainerGetConstantDataSize"));
-      } catch (const std::exception&) {
-        size_of = nullptr;  // older packages: no size check
-      }
-      std::size_t n = 0;
-      if (count_of(handle, &n) != 0) return {};
-      for (std::size_t i = 0; i < n; ++i) {
-        package_constant c;
-        const char* name = nullptr;
-        if (fqn_of(handle, i, &name) != 0 || name == nullptr) return {};
-        c.fqn = name;
-        int32_t code = 0;
-        if (dtype_of(handle, i, &code) == 0) c.dtype = static_cast<c10::ScalarType>(code);
-        std::size_t bytes = 0;
-        if (size_of != nullptr && size_of(handle, i, &bytes) == 0) c.bytes = bytes;
-        out.push_back(std::move(c));
-      }
-    } catch (const std::exception&) {
-      return {};
-    }
-    return out;
-  }
-};
-
-//! Makes `views` (every constant, by name, user-managed: the package keeps only their
-//! addresses) the package's active constants and frees the package's own copies. It goes
-//! through torch's two constant buffers twice, so that the first buffer is the active one in
-//! the end: torch's single-threaded runner (2.6 to 2.11) checks the first buffer's state on
-//! every run whichever buffer is active, and once that buffer is freed (as swapping to the
-//! second one and freeing the inactive one does) every run after the first fails with
-//! "Unknown constant state: NONE".
-template <class Package>
-void install_user_constants(Package& package,
-                            std::unordered_map<std::string, at::Tensor>& views) {
-  auto* runner = package.get_runner();
-  for (int pass = 0; pass < 2; ++pass) {
-    package.load_constants(views, /*use_inactive=*/true, /*check_full_update=*/true,
-                           /*user_managed=*/true);
-    runner->swap_constant_buffer();
-    runner->free_inactive_constant_buffer();
-  }
-}
-
-//! One lock for every package load in the process: some LibTorch versions parse a package's
-//! JSON files into a function-local static, which two loads at once would share.
-inline std::mutex& package_load_mutex() {
-  static std::mutex m;
-  return m;
-}
-
-}  // namespace detail
 
 //! Loads an AOTInductor package (`.pt2`, made by `torch._inductor.aoti_compile_and_package`)
 //! with `torch::inductor::AOTIModelPackageLoader`, and runs it on the stream the stream
@@ -589,156 +378,9 @@ struct aoti_loader {
 static_assert(loader<aoti_loader>);
 static_assert(tensor_loader<aoti_loader>);
 
-//! What the residency policies may do with an AOTInductor package's weights, for aoti_loader
-//! and every loader derived from it that keeps its model type (see
-//! torchloom/concepts/weight_access.hpp):
-//!  - swap its constants (mapped_weights): read them and replace them with tensors of the
-//!    caller's (user-managed constants in the package's second constant buffer, which
-//!    becomes the active one; the package's own copies are freed); a package exported for
-//!    streaming is loaded with its weights in host memory for that, never all on the device;
-//!  - rewrite its weight reads (streamed_weights), for a package exported for streaming,
-//!    whose reads already call the fetch operator: record their order on a first run;
-//!  - measure the device bytes of its constants (resident_weights, shared_weights).
-template <class Loader>
-  requires std::derived_from<Loader, aoti_loader> &&
-           std::same_as<typename Loader::model_type, aoti_model>
-struct weight_access<Loader> {
-  //! Loads the package so that swapping its constants never puts them all on the device: a
-  //! package exported for streaming keeps its weights in host memory until they are swapped.
-  static aoti_model load_for_swapping(const Loader& l, const load_context& ctx) {
-    return l.load_keeping_host_weights(ctx);
-  }
-
-  //! The package's constants by name: its weights in host memory where load_for_swapping
-  //! left them there, else its active constants.
-  static std::unordered_map<std::string, at::Tensor> constants(aoti_model& m) {
-    if (m.reads && !m.weights_on_host.empty()) {
-      std::unordered_map<std::string, at::Tensor> out;
-      const auto& names = m.reads->names();
-      for (std::size_t i = 0; i < names.size() && i < m.weights_on_host.size(); ++i) {
-        out.emplace(names[i], m.weights_on_host[i]);
-      }
-      return out;
-    }
-    return m.package->get_runner()->extract_constants_map(/*use_inactive=*/false);
-  }
-
-  //! Loads `replacement` (every constant, by name) into the inactive buffer as user-managed
-  //! constants (the package holds only their addresses), makes it the active one and frees
-  //! the other.
-  static void replace_constants(aoti_model& m,
-                                std::unordered_map<std::string, at::Tensor>& replacement) {
-    auto views = detail::unowned_views(replacement);  // the caller keeps the owners
-    detail::install_user_constants(*m.package, views);
-    // A streaming package's weights, installed from weights.pt, or its placeholders and the
-    // host weights they stood for.
-    m.weights.clear();
-    m.weights_on_host.clear();
-  }
-
-  //! The bytes of the package's constants on `device` (each storage once).
-  static std::int64_t device_bytes(const aoti_model& m, c10::Device device) {
-    std::int64_t bytes = 0;
-    std::vector<const void*> seen;
-    for (const auto& [name, t] :
-         m.package->get_runner()->extract_constants_map(/*use_inactive=*/false)) {
-      if (!t.defined() || t.device() != device) continue;
-      const void* storage = t.storage().unsafeGetStorageImpl();
-      if (std::find(seen.begin(), seen.end(), storage) != seen.end()) continue;
-      seen.push_back(storage);
-      bytes += static_cast<std::int64_t>(t.storage().nbytes());
-    }
-    return bytes;
-  }
-
-  //! Streaming (rewritable_weights, for a package exported for streaming): the package with
-  //! its weights in host memory; unsupported for another package.
-  static aoti_model load_on_host(const Loader& l, const load_context& ctx) {
-    return l.load_streamable(ctx);
-  }
-
-  //! The package's weight reads already call the fetch operator: runs it once on synthesised
-  //! inputs (zeros; free dimensions 1), each read from a temporary device copy, to record the
-  //! order of its reads and when each read's tensor is let go (its kernels are enqueued);
-  //! then serves its later runs' reads from `source`. unsupported when the package does not
-  //! declare its inputs' dtypes and shapes.
-  static detail::weight_rewrite rewrite_weight_reads(aoti_model& m,
-                                                     const detail::weight_source& source,
-                                                     const std::string& model) {
-    std::vector<at::Tensor> inputs;
-    for (const input_spec& s : m.inputs) {
-      if (!s.dtype || !s.shape) {
-        throw error(errc::unsupported, model,
-                    detail::concat("streamed_weights: the package does not declare input ",
-                                   s.name.empty() ? std::string("#") + std::to_string(inputs.size())
-                                                  : "'" + s.name + "'",
-                                   "'s dtype and shape ('", detail::aoti_inputs_key,
-                                   "' metadata, which scripts/torchloom_export.py writes): its "
-                                   "first run at load, on synthesised inputs, records the "
-                                   "order of its weight reads"));
-      }
-      std::vector<std::int64_t> shape = *s.shape;
-      for (auto& d : shape) d = d < 0 ? 1 : d;
-      inputs.push_back(at::zeros(shape, at::TensorOptions().dtype(*s.dtype).device(m.device)));
-    }
-    detail::package_reads& reads = *m.reads;
-    // The rewrite holds the only references to the host tensors: packed, they are freed.
-    detail::weight_rewrite rewrite = reads.record_with(std::move(m.weights_on_host), [&] {
-      const detail::active_reads_scope serving(&reads);
-      std::optional<c10::DeviceGuard> guard;
-      if (m.device.is_cuda()) guard.emplace(m.device);
-      try {
-        (void)m.package->run(inputs, nullptr);
-      } catch (const std::exception& e) {
-        if (reads.failure()) std::rethrow_exception(reads.failure());
-        throw error(errc::load_failed, model,
-                    detail::concat("streamed_weights: the package's first run, which records "
-                                   "its weight reads, failed: ",
-                                   detail::torch_message(e)));
-      }
-    });
-    // The engine's fetch is not const; the source only lends its address here, as it does
-    // to TorchScript's rewritten graph.
-    reads.bind(const_cast<detail::weight_source&>(source));
-    return rewrite;
-  }
-
-  //! Nothing to turn off: the package is compiled.
-  static void run_unoptimised(aoti_model&) noexcept {}
-  struct unoptimised_scope {};
-};
-
 static_assert(swappable_constants<aoti_loader>);
 static_assert(rewritable_weights<aoti_loader>);
 static_assert(measurable_weights<aoti_loader>);
-
-#else
-
-namespace detail {
-#define TORCHLOOM_AOTI_STR_(x) #x
-#define TORCHLOOM_AOTI_STR(x) TORCHLOOM_AOTI_STR_(x)
-//! Stands for aoti_loader below LibTorch 2.6: any use that needs the type complete (a
-//! model_runner of it, constructing one) stops with the reason; the header itself compiles.
-template <class T = void>
-struct aoti_loader_unavailable {
-  static_assert(dependent_false<T>,
-                "torchloom: aoti_loader needs LibTorch >= 2.6 (this build has "
-                TORCHLOOM_AOTI_STR(TORCH_VERSION_MAJOR) "." TORCHLOOM_AOTI_STR(TORCH_VERSION_MINOR)
-                "); use torchscript_loader or build against a newer LibTorch");
-  // The loader's shape, so that this assertion is the only error a runner of it reports.
-  struct model_type {};
-  static constexpr std::string_view default_filename = "model.pt2";
-  static constexpr std::string_view platform = "torch_aoti";
-  model_type load(const load_context&) const;
-  input_signature signature(const model_type&) const;
-  c10::IValue run(model_type&, std::vector<c10::IValue>&&, const run_context&) const;
-};
-#undef TORCHLOOM_AOTI_STR
-#undef TORCHLOOM_AOTI_STR_
-}  // namespace detail
-
-//! The AOTInductor loader; this build's LibTorch is older than 2.6, which it needs.
-using aoti_loader = detail::aoti_loader_unavailable<>;
 
 #endif
 

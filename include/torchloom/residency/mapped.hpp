@@ -7,7 +7,7 @@
 #include <torchloom/detail/torch_error.hpp>
 #include <torchloom/weights/weight_graph.hpp>
 #include <torchloom/error.hpp>
-#include <torchloom/residency/weight_memory.hpp>
+#include <torchloom/weights/weight_memory.hpp>
 #include <torchloom/residency/weight_options.hpp>
 
 #include <ATen/ATen.h>

@@ -4,7 +4,7 @@
 #include <torchloom/weights/host_weights.hpp>
 #include <torchloom/weights/weight_graph.hpp>
 #include <torchloom/weights/weight_stream.hpp>
-#include <torchloom/residency/weight_memory.hpp>
+#include <torchloom/weights/weight_memory.hpp>
 #include <torchloom/residency/weight_options.hpp>
 
 #include <boost/mp11/list.hpp>
