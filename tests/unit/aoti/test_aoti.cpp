@@ -379,7 +379,7 @@ TEST_CASE("AOTI CUDA: green_context_stream orders the run after the caller's wor
 // until the GPU has finished the call before, and pool_stream threads never overlap. A
 // second call must return while the first one's kernels still run.
 TEST_CASE("AOTI CUDA: a call does not wait on the host for the call before it",
-          "[aoti][cuda][hazards]") {
+          "[aoti][cuda][hazards][async]") {
   TORCHLOOM_REQUIRE_CUDA();
   TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "slow_cuda");
   runner<> r(model_spec::from_directory(dir), c10::Device("cuda:0"));
