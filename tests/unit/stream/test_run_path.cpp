@@ -311,7 +311,7 @@ TEMPLATE_TEST_CASE("CUDA: a runner destroyed right after its run leaves the run'
 // them: the inputs it held go back to the caller's pool, and the caller's next kernels must
 // not overwrite them while the failed run's kernels still read them.
 TEST_CASE("CUDA: a pool_stream run that throws after launching still fences the caller",
-          "[stream][cuda][hazards]") {
+          "[stream][cuda][hazards][async]") {
   TORCHLOOM_REQUIRE_CUDA();
   const c10::Device gpu("cuda:0");
   temp_dir t;
