@@ -15,7 +15,9 @@
 #include <torch/cuda.h>
 
 #if TORCHLOOM_HAS_CUDA
+#include <ATen/cuda/Sleep.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #endif
 
@@ -486,6 +488,49 @@ TEST_CASE("CUDA: a replay that fails after its launch still orders the next repl
   torch::cuda::synchronize();
   CHECK(bitwise_equal(got, expected));
   CHECK(bitwise_equal(g.run({x2})[0], expected));
+#endif
+}
+
+// The same, seen from the streams: the failed replay is queued on stream a behind a kernel that
+// spins for about 0.1 s. The next replay, on stream b, uses the graph's buffers: it must not
+// finish before stream a has. Without the failed replay marking its end, it would wait for the
+// replay before that one, long done, and finish while stream a still spins.
+TEST_CASE("CUDA: the replay after one that failed after its launch waits for it on the GPU",
+          "[stream][graphs][cuda][hazards][async]") {
+  TORCHLOOM_REQUIRE_CUDA();
+#if TORCHLOOM_CUDA_GRAPHS
+  model_dir m(make_mlp());
+  ts_runner<graphed<torchloom::caller_stream>> g(m.spec(), gpu);
+  const c10::Stream a = pool_cuda_stream();
+  const c10::Stream b = pool_cuda_stream();
+  REQUIRE(a != b);
+  const auto cuda_stream = [](c10::Stream s) {
+    return c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, s).stream();
+  };
+  const auto x = input(8, 1);
+  {
+    c10::StreamGuard on(a);
+    for (int i = 0; i < 3; ++i) (void)g.run({x});
+  }
+  torch::cuda::synchronize();
+  REQUIRE(g.stream().stats().replays == 1);
+  {
+    c10::StreamGuard on(a);
+    at::cuda::sleep(std::int64_t{200'000'000});  // some 0.1 s at 2 GHz
+    torchloom::detail::fail_next_replay_after_launch = true;
+    CHECK_THROWS_AS(g.run({x}), torchloom::error);
+  }
+  cudaEvent_t b_done = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&b_done, cudaEventDisableTiming) == cudaSuccess);
+  {
+    c10::StreamGuard on(b);
+    (void)g.run({x});
+    REQUIRE(cudaEventRecord(b_done, cuda_stream(b)) == cudaSuccess);
+  }
+  REQUIRE(cudaEventSynchronize(b_done) == cudaSuccess);
+  CHECK(cudaStreamQuery(cuda_stream(a)) == cudaSuccess);
+  (void)cudaEventDestroy(b_done);
+  torch::cuda::synchronize();
 #endif
 }
 
