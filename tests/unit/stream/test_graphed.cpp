@@ -491,10 +491,12 @@ TEST_CASE("CUDA: a replay that fails after its launch still orders the next repl
 #endif
 }
 
-// The same, seen from the streams: the failed replay is queued on stream a behind a kernel that
-// spins for about 0.1 s. The next replay, on stream b, uses the graph's buffers: it must not
-// finish before stream a has. Without the failed replay marking its end, it would wait for the
-// replay before that one, long done, and finish while stream a still spins.
+// The same, seen from the streams: the failed replay (batch 8) is queued on stream a behind a
+// kernel that spins for about 0.1 s. The next replay, of another graph (batch 4: CUDA orders a
+// relaunch of the same graph after the last launch by itself, but not a launch of another one)
+// that shares the runner's memory pool, runs on stream b: it must not finish before stream a
+// has. Without the failed replay marking its end, it would wait for the replay before that
+// one, long done, and finish while stream a still spins.
 TEST_CASE("CUDA: the replay after one that failed after its launch waits for it on the GPU",
           "[stream][graphs][cuda][hazards][async]") {
   TORCHLOOM_REQUIRE_CUDA();
@@ -507,24 +509,26 @@ TEST_CASE("CUDA: the replay after one that failed after its launch waits for it 
   const auto cuda_stream = [](c10::Stream s) {
     return c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, s).stream();
   };
-  const auto x = input(8, 1);
+  const auto x8 = input(8, 1);
+  const auto x4 = input(4, 2);
   {
     c10::StreamGuard on(a);
-    for (int i = 0; i < 3; ++i) (void)g.run({x});
+    for (int i = 0; i < 3; ++i) (void)g.run({x8});
+    for (int i = 0; i < 3; ++i) (void)g.run({x4});
   }
   torch::cuda::synchronize();
-  REQUIRE(g.stream().stats().replays == 1);
+  REQUIRE(g.stream().stats().replays == 2);
   {
     c10::StreamGuard on(a);
     at::cuda::sleep(std::int64_t{200'000'000});  // some 0.1 s at 2 GHz
     torchloom::detail::fail_next_replay_after_launch = true;
-    CHECK_THROWS_AS(g.run({x}), torchloom::error);
+    CHECK_THROWS_AS(g.run({x8}), torchloom::error);
   }
   cudaEvent_t b_done = nullptr;
   REQUIRE(cudaEventCreateWithFlags(&b_done, cudaEventDisableTiming) == cudaSuccess);
   {
     c10::StreamGuard on(b);
-    (void)g.run({x});
+    (void)g.run({x4});
     REQUIRE(cudaEventRecord(b_done, cuda_stream(b)) == cudaSuccess);
   }
   REQUIRE(cudaEventSynchronize(b_done) == cudaSuccess);
