@@ -1,14 +1,14 @@
 #pragma once
-#include <torchloom/core_options.hpp>
 #include <torchloom/detail/option_values.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
-#include <torchloom/graph_options.hpp>
 #include <torchloom/option_types.hpp>
-#include <torchloom/hook/dlopen_hook_options.hpp>
-#include <torchloom/loader/aoti_options.hpp>
-#include <torchloom/residency/weight_options.hpp>
-#include <torchloom/stream/green_context_options.hpp>
+#include <torchloom/options/aoti_options.hpp>
+#include <torchloom/options/core_options.hpp>
+#include <torchloom/options/dlopen_hook_options.hpp>
+#include <torchloom/options/graph_options.hpp>
+#include <torchloom/options/green_context_options.hpp>
+#include <torchloom/options/weight_options.hpp>
 
 #include <boost/describe/class.hpp>
 #include <boost/describe/bases.hpp>

@@ -24,8 +24,8 @@
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/detail/torch_error.hpp>
 #include <torchloom/error.hpp>
-#include <torchloom/graph_options.hpp>
 #include <torchloom/graph_stats.hpp>
+#include <torchloom/options/graph_options.hpp>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>

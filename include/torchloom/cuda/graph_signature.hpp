@@ -7,7 +7,7 @@
 #endif
 
 #include <torchloom/cuda/graph_values.hpp>
-#include <torchloom/graph_options.hpp>
+#include <torchloom/options/graph_options.hpp>
 
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>

@@ -3,10 +3,10 @@
 #include <torchloom/detail/device_current.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
-#include <torchloom/hook/dlopen_hook_options.hpp>
 #include <torchloom/libraries/library_trust.hpp>
 #include <torchloom/model_init.h>
 #include <torchloom/options.hpp>
+#include <torchloom/options/dlopen_hook_options.hpp>
 
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>

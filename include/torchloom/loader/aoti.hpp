@@ -1,13 +1,13 @@
 #pragma once
 #include <torchloom/concepts/loader.hpp>
-#include <torchloom/loader/aoti_call_spec.hpp>
-#include <torchloom/loader/aoti_metadata.hpp>
 #include <torchloom/detail/config.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/detail/torch_error.hpp>
 #include <torchloom/error.hpp>
 #include <torchloom/io_names.hpp>
-#include <torchloom/loader/aoti_options.hpp>
+#include <torchloom/loader/aoti_call_spec.hpp>
+#include <torchloom/loader/aoti_metadata.hpp>
+#include <torchloom/options/aoti_options.hpp>
 #include <torchloom/signature.hpp>
 
 #include <ATen/core/ivalue.h>

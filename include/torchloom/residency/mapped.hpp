@@ -2,13 +2,13 @@
 #include <torchloom/concepts/residency_policy.hpp>
 #include <torchloom/concepts/weight_access.hpp>
 #include <torchloom/detail/config.hpp>
-#include <torchloom/weights/host_weights.hpp>
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/detail/torch_error.hpp>
-#include <torchloom/weights/weight_graph.hpp>
 #include <torchloom/error.hpp>
+#include <torchloom/options/weight_options.hpp>
+#include <torchloom/weights/host_weights.hpp>
+#include <torchloom/weights/weight_graph.hpp>
 #include <torchloom/weights/weight_memory.hpp>
-#include <torchloom/residency/weight_options.hpp>
 
 #include <ATen/ATen.h>
 

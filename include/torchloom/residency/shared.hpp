@@ -3,7 +3,7 @@
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/libraries/library_trust.hpp>
 #include <torchloom/options.hpp>
-#include <torchloom/residency/weight_options.hpp>
+#include <torchloom/options/weight_options.hpp>
 
 #include <sys/stat.h>
 

@@ -1,11 +1,11 @@
 #pragma once
 #include <torchloom/concepts/residency_policy.hpp>
 #include <torchloom/concepts/weight_access.hpp>
+#include <torchloom/options/weight_options.hpp>
 #include <torchloom/weights/host_weights.hpp>
 #include <torchloom/weights/weight_graph.hpp>
-#include <torchloom/weights/weight_stream.hpp>
 #include <torchloom/weights/weight_memory.hpp>
-#include <torchloom/residency/weight_options.hpp>
+#include <torchloom/weights/weight_stream.hpp>
 
 #include <boost/mp11/list.hpp>
 

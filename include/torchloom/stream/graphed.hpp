@@ -3,9 +3,9 @@
 #include <torchloom/concepts/stream_policy.hpp>
 #include <torchloom/detail/config.hpp>
 #include <torchloom/error.hpp>
-#include <torchloom/graph_options.hpp>
 #include <torchloom/graph_stats.hpp>
 #include <torchloom/options.hpp>
+#include <torchloom/options/graph_options.hpp>
 #include <torchloom/stream/caller.hpp>
 
 #include <ATen/core/ivalue.h>

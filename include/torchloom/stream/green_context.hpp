@@ -4,7 +4,7 @@
 #include <torchloom/detail/strings.hpp>
 #include <torchloom/error.hpp>
 #include <torchloom/options.hpp>
-#include <torchloom/stream/green_context_options.hpp>
+#include <torchloom/options/green_context_options.hpp>
 #include <torchloom/stream/stream_fence.hpp>
 
 #include <ATen/core/Tensor.h>
