@@ -1403,6 +1403,10 @@ void instance_state::execute(TRITONBACKEND_Request** requests, std::uint32_t cou
     }
   }
 
+  // The execution ends before the responses go: sending one runs the client's completion
+  // callback on this thread, which is not the model's time (Triton's own backends take their
+  // end there too, so that their statistics compare).
+  const std::uint64_t exec_end = now_ns();
   std::vector<bool> ok(count, false);
   for (std::uint32_t r = 0; r < count; ++r) {
     if (responses[r] == nullptr) continue;
@@ -1411,7 +1415,6 @@ void instance_state::execute(TRITONBACKEND_Request** requests, std::uint32_t cou
                                             nullptr),
                  "torchloom: failed to send a response");
   }
-  const std::uint64_t exec_end = now_ns();
   // The outputs are gone with run_group's scope: what the caching allocator holds now is
   // free.
   if (model_->cache_cleaning()) empty_cache();
