@@ -5,8 +5,10 @@
 // batched sides); each iteration runs the rounds of every side, the sides in a shuffled order,
 // so all sides share the machine's drift. Each side reports its p50 and p99 request latency
 // and its requests/s as counters <side>_p50_us, <side>_p99_us and <side>_rps (8 clients) and
-// <side>_one_p50_us, <side>_one_p99_us and <side>_one_rps (one client); scripts/report.py
-// reads them by these names.
+// <side>_one_p50_us, <side>_one_p99_us and <side>_one_rps (one client). A served side also
+// reports where its requests spent their time by Triton's own statistics over all its rounds,
+// in µs per request: <side>_queue_us, <side>_compute_input_us, <side>_compute_infer_us and
+// <side>_compute_output_us. scripts/report.py reads them by these names.
 //
 //   BM_serving_t13/device:<cpu|cuda>  T13, the bundled MLP (one instance):
 //       runner             the same runner called directly by the client threads, one call at
@@ -54,6 +56,7 @@
 #include <torch/script.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -191,6 +194,40 @@ struct side {
   std::string label;
   std::function<void(int, int)> request;
   bool one_client = true;
+  std::string model = {};  // the served model, for Triton's statistics; "" when not served
+};
+
+// Where a served side's requests spent their time, from Triton's own statistics over the
+// timed rounds: queue, compute_input (the backend gathering inputs), compute_infer (the run)
+// and compute_output (the backend answering), as the core counts them for any backend.
+struct triton_split {
+  static constexpr std::array<const char*, 4> parts = {"queue", "compute_input",
+                                                       "compute_infer", "compute_output"};
+  std::array<std::uint64_t, 4> ns{};
+  std::uint64_t requests = 0;
+
+  static triton_split of(const std::string& model) {
+    triton_split t;
+    if (model.empty()) return t;
+    const auto& server = *fixture().server;
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      t.ns[i] = server.duration(model, parts[i], "ns");
+    }
+    t.requests = server.duration(model, "success", "count");
+    return t;
+  }
+  // Each part's microseconds per request between `before` and this one, as counters
+  // <label>_queue_us, <label>_compute_input_us, ...
+  void set_counters(benchmark::State& state, const std::string& label,
+                    const triton_split& before) const {
+    const std::uint64_t n = requests - before.requests;
+    if (n == 0) return;
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      const double us = static_cast<double>(ns[i] - before.ns[i]) / 1e3;
+      state.counters[label + "_" + parts[i] + "_us"] =
+          benchmark::Counter(us / static_cast<double>(n));
+    }
+  }
 };
 
 // Warms every side up, then runs `iterations` times a round of every side with 8 clients and,
@@ -206,6 +243,8 @@ void compare(benchmark::State& state, std::vector<side>& sides, unsigned seed) {
   std::vector<std::size_t> order(sides.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
   std::mt19937 rng(seed);
+  std::vector<triton_split> split_before;
+  for (const auto& s : sides) split_before.push_back(triton_split::of(s.model));
   for (auto _ : state) {
     std::shuffle(order.begin(), order.end(), rng);
     double seconds = 0.0;
@@ -228,6 +267,7 @@ void compare(benchmark::State& state, std::vector<side>& sides, unsigned seed) {
     }
     set_client_counters(state, sides[k].label, samples[k]);
     if (sides[k].one_client) set_client_counters(state, sides[k].label + "_one", alone[k]);
+    triton_split::of(sides[k].model).set_counters(state, sides[k].label, split_before[k]);
   }
 }
 
@@ -271,7 +311,8 @@ side served(const std::string& label, const std::string& model, const std::strin
           [model, input_name, &in](int t, int) {
             send(model, {float_input(input_name, in.x[static_cast<std::size_t>(t)])});
           },
-          !batched};
+          !batched,
+          model};
 }
 
 using direct_runner = torchloom::model_runner<torchloom::torchscript_loader>;

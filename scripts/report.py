@@ -570,6 +570,30 @@ def serving_rows(other):
     return rows, verdicts, used
 
 
+SERVING_SPLIT = ("queue", "compute_input", "compute_infer", "compute_output")
+
+
+def serving_split_rows(other):
+    """T13 and T15: where each served side's requests spent their time, by Triton's own
+    statistics (µs per request over all the side's rounds), device by device."""
+    rows = []
+    runs = sorted((r for r in other if r.base in SERVING_BENCHMARKS), key=lambda r: r.order)
+    for r in runs:
+        if r.error:
+            continue
+        c = counter_set(r)
+        known = list(SERVING_LABELS)
+        sides = sorted({k[: -len("_queue_us")] for k in c if k.endswith("_queue_us")},
+                       key=lambda x: (known.index(x) if x in known else len(known), x))
+        for side in sides:
+            parts = [c.get(f"{side}_{p}_us") for p in SERVING_SPLIT]
+            backend = sum(v for v in parts[1:] if v is not None)
+            rows.append(["T13" if r.base.endswith("t13") else "T15", r.param("device") or "-",
+                         SERVING_LABELS.get(side, side)] + [fmt_us(v) for v in parts]
+                        + [fmt_us(backend)])
+    return rows
+
+
 def serving_isolation_rows(other):
     """T16: the victim model's latency beside a saturating co-tenant model in one Triton core,
     against the same victim alone (BM_serving_t16/partition:<green|plain>)."""
@@ -1171,6 +1195,7 @@ def main(argv):
     grows, graph_verdicts, used_g = graph_rows(other)
     vrows, serving_verdicts, used_v = serving_rows(other)
     v16rows, serving_isolation_verdicts, used_v16 = serving_isolation_rows(other)
+    split_rows = serving_split_rows(other)
     used_g |= used_v | used_v16
     floor_note, used_f = graph_floor_note(other)
     used_g |= used_f
@@ -1212,6 +1237,13 @@ def main(argv):
             "shuffled rounds; p50, p99 and requests/s with 8 clients)\n"
             + markdown(["target", "device", "side", "p50 µs, 1 client", "p50 µs", "p99 µs",
                         "requests/s", "verdict"], vrows))
+    if split_rows:
+        tables.append(
+            "### T13, T15: where a request's time goes, by Triton's own statistics (µs per "
+            "request over all of a side's rounds, one client and 8; compute input, infer and "
+            "output are the backend's execution)\n"
+            + markdown(["target", "device", "side", "queue", "compute input", "compute infer",
+                        "compute output", "backend total"], split_rows))
     if v16rows:
         tables.append(
             "### T16: two models in one Triton core, the victim beside a co-tenant saturating "
