@@ -39,11 +39,11 @@ namespace torchloom {
 //! `INTRA_OP_THREAD_COUNT`. Parsing, printing, the list of keys, the other spellings and which
 //! policy reads a key all come from this one description (the bases in order, then their
 //! members); there is no second table of keys. An unset optional leaves the torch default
-//! alone. A policy's block is declared beside it (graph_options: graphed<Stream> and its CUDA
-//! graph cache, in graph_options.hpp; dlopen_hook_options; green_context_options;
-//! aoti_options; the residency policies' blocks in residency/weight_options.hpp); a policy
-//! names the blocks it reads in `option_blocks` and takes them from the runner's options by
-//! reference to the block. The members are the blocks' (`o.aoti_num_runners`), as in one flat
+//! alone. Each block has its header in torchloom/options/, below the policies that read it
+//! (graph_options: graphed<Stream> and its CUDA graph cache; dlopen_hook_options;
+//! green_context_options; aoti_options; the residency policies' blocks in weight_options.hpp;
+//! the core's in core_options.hpp); a policy names the blocks it reads in `option_blocks` and
+//! takes them from the runner's options by reference to the block. The members are the blocks' (`o.aoti_num_runners`), as in one flat
 //! struct.
 struct runner_options : graph_options,
                         core_options,
