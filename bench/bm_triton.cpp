@@ -7,7 +7,8 @@
 // and its requests/s as counters <side>_p50_us, <side>_p99_us and <side>_rps (8 clients) and
 // <side>_one_p50_us, <side>_one_p99_us and <side>_one_rps (one client). A served side also
 // reports where its requests spent their time by Triton's own statistics over all its rounds,
-// in µs per request: <side>_queue_us, <side>_compute_input_us, <side>_compute_infer_us and
+// in µs per request (a batched request is charged its whole batch's time, as Triton counts
+// it): <side>_queue_us, <side>_compute_input_us, <side>_compute_infer_us and
 // <side>_compute_output_us. scripts/report.py reads them by these names.
 //
 //   BM_serving_t13/device:<cpu|cuda>  T13, the bundled MLP (one instance):

@@ -1241,7 +1241,8 @@ def main(argv):
         tables.append(
             "### T13, T15: where a request's time goes, by Triton's own statistics (µs per "
             "request over all of a side's rounds, one client and 8; compute input, infer and "
-            "output are the backend's execution)\n"
+            "output are the backend's execution; a batched request is charged its whole "
+            "batch's time)\n"
             + markdown(["target", "device", "side", "queue", "compute input", "compute infer",
                         "compute output", "backend total"], split_rows))
     if v16rows:
