@@ -538,6 +538,57 @@ TEST_CASE("CUDA: the replay after one that failed after its launch waits for it 
 #endif
 }
 
+// A replay waits for the one before it whatever stream it is on: the previous replay's stream
+// handle and thread may be those of another stream. Each thread's default stream has the one
+// handle cudaStreamPerThread, and a thread that exits hands its id on to the next one made. A
+// thread replays batch 8 on its default stream behind about 0.1 s of spinning and exits; the
+// next thread, mostly given its id, replays another graph of the same pool (batch 4) on its
+// own default stream: that must not finish before the first thread's replay has.
+TEST_CASE("CUDA: a replay on a new thread's default stream waits for the previous replay",
+          "[stream][graphs][cuda][hazards][async]") {
+  TORCHLOOM_REQUIRE_CUDA();
+#if TORCHLOOM_HAS_CUDA
+  model_dir m(make_mlp());
+  ts_runner<graphed<torchloom::caller_stream>> g(m.spec(), gpu);
+  const auto x8 = input(8, 1);
+  const auto x4 = input(4, 2);
+  for (int i = 0; i < 3; ++i) (void)g.run({x8});
+  for (int i = 0; i < 3; ++i) (void)g.run({x4});
+  torch::cuda::synchronize();
+  REQUIRE(g.stream().stats().replays == 2);
+  cudaEvent_t first_done = nullptr;
+  cudaEvent_t second_done = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&first_done, cudaEventDisableTiming) == cudaSuccess);
+  REQUIRE(cudaEventCreateWithFlags(&second_done, cudaEventDisableTiming) == cudaSuccess);
+  const auto on_own_default_stream = [] {
+    return c10::cuda::CUDAStreamGuard(c10::cuda::getStreamFromExternal(cudaStreamPerThread, 0));
+  };
+  std::thread::id first_id;
+  std::thread::id second_id;
+  cudaError_t first_state = cudaErrorUnknown;
+  std::thread([&] {
+    first_id = std::this_thread::get_id();
+    const auto guard = on_own_default_stream();
+    at::cuda::sleep(std::int64_t{200'000'000});  // some 0.1 s at 2 GHz
+    (void)g.run({x8});
+    (void)cudaEventRecord(first_done, cudaStreamPerThread);
+  }).join();
+  std::thread([&] {
+    second_id = std::this_thread::get_id();
+    const auto guard = on_own_default_stream();
+    (void)g.run({x4});
+    (void)cudaEventRecord(second_done, cudaStreamPerThread);
+    (void)cudaEventSynchronize(second_done);
+    first_state = cudaEventQuery(first_done);
+  }).join();
+  torch::cuda::synchronize();
+  (void)cudaEventDestroy(first_done);
+  (void)cudaEventDestroy(second_done);
+  if (first_id != second_id) TORCHLOOM_CATCH_SKIP("the second thread got another id");
+  CHECK(first_state == cudaSuccess);
+#endif
+}
+
 // An expanded input has stride 0: a graph's input buffer must be dense, or copying into it
 // fails. Another non-contiguous layout of the same shape is a signature of its own.
 TEST_CASE("CUDA: graphed takes broadcast (expanded) inputs and replays each layout correctly",
