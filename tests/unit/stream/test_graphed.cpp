@@ -547,7 +547,7 @@ TEST_CASE("CUDA: the replay after one that failed after its launch waits for it 
 TEST_CASE("CUDA: a replay on a new thread's default stream waits for the previous replay",
           "[stream][graphs][cuda][hazards][async]") {
   TORCHLOOM_REQUIRE_CUDA();
-#if TORCHLOOM_HAS_CUDA
+#if TORCHLOOM_CUDA_GRAPHS
   model_dir m(make_mlp());
   ts_runner<graphed<torchloom::caller_stream>> g(m.spec(), gpu);
   const auto x8 = input(8, 1);
