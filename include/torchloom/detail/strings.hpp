@@ -1,5 +1,5 @@
 #pragma once
-#include <torchloom/error.hpp>
+#include <torchloom/detail/escape.hpp>
 
 #include <algorithm>
 #include <cctype>
