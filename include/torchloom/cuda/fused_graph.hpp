@@ -6,11 +6,9 @@
     "torchloom/cuda/fused_graph.hpp needs CUDA: link torchloom::cuda (a CUDA toolkit and a CUDA build of torch)"
 #endif
 
-#include <ATen/core/Tensor.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
-#include <cstdint>
 #include <vector>
 
 namespace torchloom::detail {
@@ -33,12 +31,6 @@ struct fused_graph {
     std::size_t bytes = 0;
   };
   std::vector<operands> now;
-  // The next replay's outputs, made (and the output nodes pointed at them) right after the
-  // last launch, while the GPU ran it: a replay on the same stream with the same real batch
-  // launches at once and hands these out. Empty when there are none ready.
-  std::vector<at::Tensor> next;
-  cudaStream_t next_stream = nullptr;
-  std::int64_t next_batch = -1;
 
   fused_graph() = default;
   fused_graph(const fused_graph&) = delete;

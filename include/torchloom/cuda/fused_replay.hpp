@@ -102,9 +102,15 @@ std::unique_ptr<fused_graph> fuse(graph_entry& e, const Inputs& inputs, const gr
 }
 
 // One launch: the caller's inputs into the static buffers, the graph, the static outputs
-// into fresh tensors (made here, on the run's stream). False, with nothing launched, when
-// this run's tensors do not fit the memcpy nodes (an input not one plain copy, memory CUDA
-// will not put in the node): the caller copies around the graph instead.
+// into fresh tensors (made here, on the run's stream, before the launch). A node is pointed
+// anew only where its tensors moved: a caller that lets go of a run's outputs before the next
+// run usually gets the same blocks back from the caching allocator, and then launches with no
+// node changed. (Making the next run's outputs after the launch, while the GPU runs this one,
+// would take the allocation off the launch's path but always point the output nodes anew,
+// since this run's outputs are still held: more host time per run for about a microsecond
+// of latency.) False, with nothing launched, when this run's tensors do not fit the memcpy
+// nodes (an input not one plain copy, memory CUDA will not put in the node): the caller
+// copies around the graph instead.
 template <class Inputs, class Result>
 bool launch_fused(const std::string& model, fused_graph& f, const graph_entry& e,
                   const Inputs& inputs, const graph_signature& sig, cudaStream_t stream,
@@ -134,13 +140,7 @@ bool launch_fused(const std::string& model, fused_graph& f, const graph_entry& e
   std::size_t k = 0;
   bool ok = true;
   const std::size_t first_out = f.in_nodes.size();
-  // Outputs made after the last launch, for a replay like this one: the nodes point at them.
-  std::vector<at::Tensor> ready = std::move(f.next);
-  f.next.clear();
-  const bool use_ready = ready.size() == f.out_nodes.size() && f.next_stream == stream &&
-                         f.next_batch == sig.batch;
   const auto make = [&](const at::Tensor& s) {
-    if (use_ready) return std::move(ready[k++]);
     at::Tensor o = output_like(s, sig);
     ok = ok && k < f.out_nodes.size() && o.nbytes() > 0 &&
          set(first_out + k, f.out_nodes[k], o.data_ptr(), s.data_ptr(), o.nbytes());
@@ -152,47 +152,6 @@ bool launch_fused(const std::string& model, fused_graph& f, const graph_entry& e
   cuda::check(cudaGraphLaunch(f.exec, stream), model, "graphed: cudaGraphLaunch");
   out = std::move(result);
   return true;
-}
-
-inline void make_next(fused_graph& f, const graph_entry& e, const graph_signature& sig,
-                      cudaStream_t stream) {
-  const std::vector<at::Tensor>& statics = e.flat_outputs;
-  if (statics.size() != f.out_nodes.size()) return;
-  std::vector<at::Tensor> next;
-  next.reserve(statics.size());
-  const std::size_t first_out = f.in_nodes.size();
-  for (std::size_t k = 0; k < statics.size(); ++k) {
-    at::Tensor o = output_like(statics[k], sig);
-    void* dst = o.data_ptr();
-    const void* src = statics[k].data_ptr();
-    if (o.nbytes() == 0 ||
-        cudaGraphExecMemcpyNodeSetParams1D(f.exec, f.out_nodes[k], dst, src, o.nbytes(),
-                                           cudaMemcpyDeviceToDevice) != cudaSuccess) {
-      (void)cudaGetLastError();
-      f.now[first_out + k] = {};  // unknown: set again next time
-      return;
-    }
-    f.now[first_out + k] = {dst, src, o.nbytes()};
-    next.push_back(std::move(o));
-  }
-  f.next = std::move(next);
-  f.next_stream = stream;
-  f.next_batch = sig.batch;
-}
-
-// Makes the outputs of the next replay on `stream` with this real batch, and points the
-// output nodes at them (which changes only later launches, not the one running). Made on
-// `stream`, so they are handed out only by a replay on it. On failure (out of memory
-// included: this replay has run, and is not failed for the next one's sake), none are ready
-// and the next replay makes its own, before its launch.
-inline void prepare_next(fused_graph& f, const graph_entry& e, const graph_signature& sig,
-                         cudaStream_t stream) noexcept {
-  f.next.clear();
-  try {
-    make_next(f, e, sig, stream);
-  } catch (...) {
-    f.next.clear();
-  }
 }
 
 }  // namespace torchloom::detail

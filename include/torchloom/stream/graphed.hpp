@@ -39,9 +39,9 @@ namespace torchloom {
 //! pool per runner) on buffers of its own, and from then on every run copies the inputs into
 //! those buffers, replays the graph on the stream the wrapped policy chose, and returns
 //! copies of the graph's outputs that the caller owns (with torch 2.8 and later, those copies
-//! are memcpy nodes around the graph, so a replay is one launch, and the next replay's
-//! outputs are made while the GPU runs this one). The wrapped policy's fences and guarantees
-//! hold unchanged: the caller may use the outputs on its own stream at once.
+//! are memcpy nodes around the graph, so a replay is one launch). The wrapped policy's
+//! fences and guarantees hold unchanged: the caller may use the outputs on its own stream at
+//! once.
 //!  - CUDA_GRAPH_MAX_SHAPES signatures are kept (least recently used goes; dropping a graph
 //!    waits for the runner's last replay on the host).
 //!  - A model that cannot be captured (it synchronises with the host, copies from pageable
