@@ -742,12 +742,14 @@ class instance_state : public tb::BackendModelInstance {
     }
   }
 
-  // Where the collector may put a gathered input: the instance's GPU, else host memory.
+  // Where the collector may put a gathered input. A GPU instance takes them in its GPU's
+  // memory only, as Triton's PyTorch backend does: the collector copies a request's host
+  // buffer there on Triton's stream without a host wait, which fence() orders before the run.
+  // With host memory allowed as well, the collector hands over the request's own host buffer
+  // as it is, and the runner then copies it to the device with a host wait in every run.
   std::vector<std::pair<TRITONSERVER_MemoryType, std::int64_t>> input_memory() const {
     if (device_.is_cuda() && Kind() == TRITONSERVER_INSTANCEGROUPKIND_GPU) {
-      return {{TRITONSERVER_MEMORY_GPU, device_.index()},
-              {TRITONSERVER_MEMORY_CPU_PINNED, 0},
-              {TRITONSERVER_MEMORY_CPU, 0}};
+      return {{TRITONSERVER_MEMORY_GPU, device_.index()}};
     }
     return {{TRITONSERVER_MEMORY_CPU_PINNED, 0}, {TRITONSERVER_MEMORY_CPU, 0}};
   }
