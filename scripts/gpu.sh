@@ -39,6 +39,12 @@
 #                                             it: GPU_SH_SANITIZE=hazards (the [hazards]
 #                                             cases: concurrency and failure), then
 #                                             GPU_SH_SANITIZE=rest (every other CUDA test).
+#   GPU_SH_BENCHES="bm_graphs bm_triton" bash scripts/gpu.sh bench
+#                                             only those benchmark programs (bm_triton: the
+#                                             serving stage's; bm_offload brings its Python
+#                                             peers), for a second look at a few targets
+#                                             within a short budget; the report says which
+#                                             ran. Unset: all of them.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -405,6 +411,16 @@ run_benchmarks() {
   for exe in "$BUILD"/bench/bm_*; do
     [[ " ${benches[*]} " == *" $exe "* ]] || benches+=("$exe")
   done
+  # GPU_SH_BENCHES: only the programs it names.
+  local only="${GPU_SH_BENCHES:-}"
+  if [[ -n $only ]]; then
+    local picked=()
+    for exe in "${benches[@]}"; do
+      [[ " $only " == *" $(basename "$exe") "* ]] && picked+=("$exe")
+    done
+    benches=("${picked[@]}")
+    say "benchmarks: only $only (GPU_SH_BENCHES)"
+  fi
   # bm_triton runs in the serving stage, beside Triton's PyTorch backend.
   if [[ -n $SERVING ]]; then
     local kept=()
@@ -450,6 +466,7 @@ run_benchmarks() {
   # 0); a nonzero status is a failed benchmark.
   local peer
   for peer in offload_peer offload_peer_llama; do
+    if [[ -n $only && " $only " != *" bm_offload "* ]]; then continue; fi
     local args=(--out "$OUT/bm_${peer}.json")
     if [[ $peer == offload_peer_llama ]]; then args+=(--model llama); fi
     t=$(min 150 $(($(left) - 20)))
@@ -470,7 +487,7 @@ run_benchmarks() {
     fi
   done
 
-  if [[ -n $SERVING ]]; then
+  if [[ -n $SERVING && (-z $only || " $only " == *" bm_triton "*) ]]; then
     step "serving benchmarks (scripts/gpu-serving.sh bench)"
     local rc=0
     run_logged "$SCRATCH/serving-bench.txt" timeout "$(min 200 $(($(left) - 20)))" \
