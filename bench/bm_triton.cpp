@@ -16,7 +16,8 @@
 //                          a time in arrival order (as one model instance runs them); on the
 //                          GPU the input is copied in and the output out, as the backend does
 //       torchloom          libtriton_torchloom.so, each request executed alone
-//       torchloom_batched  the same with Triton's dynamic batcher (100 µs queue delay)
+//       torchloom_batched  the same with Triton's dynamic batcher (its default settings: no
+//                          queue delay, a batch of what waits when the instance is free)
 //       minimal, minimal_batched   Triton's stock "minimal" backend (OUT0 = IN0) on a request
 //                          of the same size: what Triton itself costs per request
 //   BM_serving_t15/device:<cpu|cuda>  T15, the bundled MLP in the same repository for both:
@@ -168,7 +169,7 @@ std::string instance(bool gpu, int count = 1) {
          " count: " + std::to_string(count) + " } ]\n";
 }
 
-const char* batching = "dynamic_batching { max_queue_delay_microseconds: 100 }\n";
+const char* batching = "dynamic_batching { }\n";
 
 // The bundled MLP's config body: x FP32 [64] -> y FP32 [16], max_batch_size 64.
 std::string mlp_body(bool gpu, bool batched, const std::string& parameters = {}) {
