@@ -393,6 +393,8 @@ run_tests() {
 
 # ---------------------------------------------------------------------------------------
 # The bench phase.
+# Whether benchmark program $1 is to run: GPU_SH_BENCHES names them, else all run.
+selected() { [[ -z ${GPU_SH_BENCHES:-} || " $GPU_SH_BENCHES " == *" $1 "* ]]; }
 bench_total=0
 bench_failed=0
 run_benchmarks() {
@@ -411,16 +413,7 @@ run_benchmarks() {
   for exe in "$BUILD"/bench/bm_*; do
     [[ " ${benches[*]} " == *" $exe "* ]] || benches+=("$exe")
   done
-  # GPU_SH_BENCHES: only the programs it names.
-  local only="${GPU_SH_BENCHES:-}"
-  if [[ -n $only ]]; then
-    local picked=()
-    for exe in "${benches[@]}"; do
-      [[ " $only " == *" $(basename "$exe") "* ]] && picked+=("$exe")
-    done
-    benches=("${picked[@]}")
-    say "benchmarks: only $only (GPU_SH_BENCHES)"
-  fi
+  if [[ -n ${GPU_SH_BENCHES:-} ]]; then say "benchmarks: only $GPU_SH_BENCHES (GPU_SH_BENCHES)"; fi
   # bm_triton runs in the serving stage, beside Triton's PyTorch backend.
   if [[ -n $SERVING ]]; then
     local kept=()
@@ -431,6 +424,7 @@ run_benchmarks() {
     [[ -f $exe && -x $exe ]] || continue
     local name
     name=$(basename "$exe")
+    selected "$name" || continue
     bench_total=$((bench_total + 1))
     local t
     t=$(min 200 $(($(left) - 20)))
@@ -466,7 +460,7 @@ run_benchmarks() {
   # 0); a nonzero status is a failed benchmark.
   local peer
   for peer in offload_peer offload_peer_llama; do
-    if [[ -n $only && " $only " != *" bm_offload "* ]]; then continue; fi
+    selected bm_offload || continue
     local args=(--out "$OUT/bm_${peer}.json")
     if [[ $peer == offload_peer_llama ]]; then args+=(--model llama); fi
     t=$(min 150 $(($(left) - 20)))
@@ -487,7 +481,7 @@ run_benchmarks() {
     fi
   done
 
-  if [[ -n $SERVING && (-z $only || " $only " == *" bm_triton "*) ]]; then
+  if [[ -n $SERVING ]] && selected bm_triton; then
     step "serving benchmarks (scripts/gpu-serving.sh bench)"
     local rc=0
     run_logged "$SCRATCH/serving-bench.txt" timeout "$(min 200 $(($(left) - 20)))" \

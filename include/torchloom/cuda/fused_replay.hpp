@@ -104,13 +104,9 @@ std::unique_ptr<fused_graph> fuse(graph_entry& e, const Inputs& inputs, const gr
 // One launch: the caller's inputs into the static buffers, the graph, the static outputs
 // into fresh tensors (made here, on the run's stream, before the launch). A node is pointed
 // anew only where its tensors moved: a caller that lets go of a run's outputs before the next
-// run usually gets the same blocks back from the caching allocator, and then launches with no
-// node changed. (Making the next run's outputs after the launch, while the GPU runs this one,
-// would take the allocation off the launch's path but always point the output nodes anew,
-// since this run's outputs are still held: more host time per run for about a microsecond
-// of latency.) False, with nothing launched, when this run's tensors do not fit the memcpy
-// nodes (an input not one plain copy, memory CUDA will not put in the node): the caller
-// copies around the graph instead.
+// run usually gets the same blocks back from the caching allocator. False, with nothing
+// launched, when this run's tensors do not fit the memcpy nodes (an input not one plain copy,
+// memory CUDA will not put in the node): the caller copies around the graph instead.
 template <class Inputs, class Result>
 bool launch_fused(const std::string& model, fused_graph& f, const graph_entry& e,
                   const Inputs& inputs, const graph_signature& sig, cudaStream_t stream,
