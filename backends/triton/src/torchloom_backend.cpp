@@ -597,7 +597,6 @@ class instance_state : public tb::BackendModelInstance {
       // torch's work runs on a stream that outlives the instance (see run_group).
       run_stream_ = cuda::stream_lease(name, device_.index());
       const c10::cuda::CUDAGuard guard(device_);
-      fence_ = cuda::event(name);
       run_began_ = cuda::event(name, cudaEventDefault);
       run_ended_ = cuda::event(name, cudaEventDefault);
     }
@@ -744,7 +743,7 @@ class instance_state : public tb::BackendModelInstance {
 
   // Where the collector may put a gathered input. A GPU instance takes them in its GPU's
   // memory only, as Triton's PyTorch backend does: the collector copies a request's host
-  // buffer there on Triton's stream without a host wait, which fence() orders before the run.
+  // buffer there on the run stream without a host wait, ahead of the run.
   // With host memory allowed as well, the collector hands over the request's own host buffer
   // as it is, and the runner then copies it to the device with a host wait in every run.
   std::vector<std::pair<TRITONSERVER_MemoryType, std::int64_t>> input_memory() const {
@@ -754,12 +753,22 @@ class instance_state : public tb::BackendModelInstance {
     return {{TRITONSERVER_MEMORY_CPU_PINNED, 0}, {TRITONSERVER_MEMORY_CPU, 0}};
   }
 
-  // Waits for the copies the collector or the responder queued (they say so), on Triton's
-  // stream of the instance (the default stream for others). A device error that surfaces
-  // here fails the batch.
+  // The stream the collector's and the responder's copies go on: the run stream where there
+  // is one, so that the copies in, the run and the copies out follow each other on the GPU
+  // with no event between them; Triton's stream of the instance otherwise (the default
+  // stream where it has none).
+  auto copy_stream() {
+#if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
+    if (run_stream_) return run_stream_.get();
+#endif
+    return CudaStream();
+  }
+
+  // Waits for the copies the collector or the responder queued (they say so), on
+  // copy_stream(). A device error that surfaces here fails the batch.
   void synchronize() {
 #ifdef TRITON_ENABLE_GPU
-    if (const cudaError_t err = cudaStreamSynchronize(CudaStream()); err != cudaSuccess) {
+    if (const cudaError_t err = cudaStreamSynchronize(copy_stream()); err != cudaSuccess) {
       throw error(errc::cuda_error, model_->spec().name,
                   detail::concat("waiting for the input and output copies: ",
                                  cudaGetErrorString(err)));
@@ -783,26 +792,25 @@ class instance_state : public tb::BackendModelInstance {
 #endif
   }
 
-  // Whether the run stream and Triton's stream of the instance are both there, so that
-  // fence() orders them on the GPU.
-  bool fenced() {
+  // Whether the copies go on the run stream (copy_stream()), in order with the run.
+  bool one_stream() {
 #if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
-    return run_stream_ && CudaStream() != nullptr;
+    return static_cast<bool>(run_stream_);
 #else
     return false;
 #endif
   }
 
-  // Waits for Triton's stream of the instance without throwing: on the way out of a run that
-  // failed while copies into the collector's buffers were still queued.
+  // Waits for copy_stream() without throwing: on the way out of a run that failed while
+  // copies into the collector's buffers were still queued.
   void synchronize_quietly() noexcept {
 #ifdef TRITON_ENABLE_GPU
-    if (cudaStreamSynchronize(CudaStream()) != cudaSuccess) (void)cudaGetLastError();
+    if (cudaStreamSynchronize(copy_stream()) != cudaSuccess) (void)cudaGetLastError();
 #endif
   }
 
   // Records the start (`began`) or the end of a run's device work on the run stream, with
-  // timing, where fenced().
+  // timing, where one_stream().
   void mark_run([[maybe_unused]] bool began) {
 #if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
     const cudaEvent_t e = began ? run_began_.get() : run_ended_.get();
@@ -828,25 +836,6 @@ class instance_state : public tb::BackendModelInstance {
     }
 #endif
     return std::min(end, now_ns());
-  }
-
-  // Orders the work queued later on Triton's stream of the instance after the work queued so
-  // far on the run stream (`to_triton`), or the reverse. Nothing where either is missing.
-  void fence([[maybe_unused]] bool to_triton) {
-#if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
-    const auto triton = static_cast<cudaStream_t>(CudaStream());
-    if (!run_stream_ || triton == nullptr) return;
-    const cudaStream_t from = to_triton ? run_stream_.get() : triton;
-    const cudaStream_t to = to_triton ? triton : run_stream_.get();
-    cudaError_t err = cudaEventRecord(fence_.get(), from);
-    if (err == cudaSuccess) err = cudaStreamWaitEvent(to, fence_.get(), 0);
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();
-      throw error(errc::cuda_error, model_->spec().name,
-                  detail::concat("ordering the run and Triton's copies: ",
-                                 cudaGetErrorString(err)));
-    }
-#endif
   }
 
   void empty_cache() const {
@@ -875,10 +864,9 @@ class instance_state : public tb::BackendModelInstance {
   model_state* model_;
   c10::Device device_{c10::kCPU};
 #if TORCHLOOM_HAS_CUDA
-  // The stream torch's work runs on, for a CUDA device, and the event that orders it with
-  // Triton's stream (see run_group).
+  // The stream torch's work and the copies in and out run on, for a CUDA device (see
+  // run_group).
   cuda::stream_lease run_stream_;
-  cuda::event fence_;
   // Timing events around a run on the GPU: its compute end without a host wait (see run_group).
   cuda::event run_began_;
   cuda::event run_ended_;
@@ -1044,7 +1032,7 @@ c10::List<std::string> instance_state::gather_strings(const input_decl& d, group
       }
       bool cuda = false;
       err = tb::CopyBuffer("string input", type, id, TRITONSERVER_MEMORY_CPU, 0, size, data,
-                           p.host.data() + offset, CudaStream(), &cuda);
+                           p.host.data() + offset, copy_stream(), &cuda);
       copied = copied || cuda;
       offset += size;
     }
@@ -1099,7 +1087,7 @@ bool instance_state::send_strings(const output_decl& o, const c10::List<std::str
     if (err == nullptr) {
       bool used = false;
       err = tb::CopyBuffer("string output", TRITONSERVER_MEMORY_CPU, 0, type, id, bytes.size(),
-                           bytes.data(), buffer, CudaStream(), &used);
+                           bytes.data(), buffer, copy_stream(), &used);
       cuda = cuda || used;
     }
     if (err != nullptr) RESPOND_AND_SET_NULL_IF_ERROR(&response, err);
@@ -1131,8 +1119,8 @@ void instance_state::run_group(group& g) {
   // Not on Triton's stream of the instance: a new instance gets a new one, and torch keeps a
   // cuBLAS workspace per stream it ran a GEMM on for the life of the process, so every model
   // load would add workspaces. The run stream is leased (cuda::stream_lease) and goes back
-  // when the instance goes, for the next. The collector's and the responder's copies stay on
-  // Triton's stream, ordered before and after the run by fence().
+  // when the instance goes, for the next. The collector's and the responder's copies go on
+  // it too (copy_stream()): before and after the run, with no event to order them.
   std::optional<c10::cuda::CUDAStreamGuard> on_stream;
   if (run_stream_) {
     on_stream.emplace(c10::cuda::getStreamFromExternal(run_stream_.get(), device_.index()));
@@ -1143,7 +1131,7 @@ void instance_state::run_group(group& g) {
   // an output may be one of them.
   tb::BackendInputCollector collector(requests, count, &responses,
                                       model_->TritonMemoryManager(),
-                                      model_->EnablePinnedInput(), CudaStream(), nullptr,
+                                      model_->EnablePinnedInput(), copy_stream(), nullptr,
                                       nullptr, 0, HostPolicyName().c_str());
   // Copies into the collector's buffers that no host wait has covered yet: waited for before
   // the collector goes, also when the run fails (declared after it, so it goes first).
@@ -1211,15 +1199,14 @@ void instance_state::run_group(group& g) {
       values.emplace_back(std::move(t));
     }
   }
-  // The collector's copies: a run that reads only device memory is ordered after them on the
-  // GPU by fence(), and the host waits for them later, with the responder's (one host wait a
-  // run, not two); one that reads host memory waits for them now.
+  // The collector's copies: a run that reads only device memory follows them on the run
+  // stream, and the host waits for them later, with the responder's (one host wait a run, not
+  // two); one that reads host memory waits for them now.
   input_copies.pending = collector.Finalize();
-  if (input_copies.pending && (host_inputs || !fenced())) {
+  if (input_copies.pending && (host_inputs || !one_stream())) {
     synchronize();
     input_copies.pending = false;
   }
-  fence(false);  // the run after the collector's copies
   // A request the collector could not gather has its error; the others run. Its rows stay
   // in the batch (the responder skips them by its shape).
   if (std::none_of(responses.begin(), responses.end(), [](auto* r) { return r != nullptr; })) {
@@ -1229,7 +1216,7 @@ void instance_state::run_group(group& g) {
   g.compute_start = now_ns();
   // On the GPU the compute end is timed by events, not by a host wait for the run: the
   // responder's copies go out right behind it, and the host waits once, for them.
-  const bool timed = fenced();
+  const bool timed = one_stream();
   if (timed) mark_run(true);
   if (dict_) values = {c10::IValue(std::move(dict))};
   const std::vector<c10::IValue> outputs = run_model(std::move(values));
@@ -1301,11 +1288,10 @@ void instance_state::run_group(group& g) {
     wait_for_device();
     g.compute_end = now_ns();
   }
-  fence(true);  // the responder's copies after the run
 
   tb::BackendOutputResponder responder(requests, count, &responses,
                                        model_->TritonMemoryManager(), batching,
-                                       model_->EnablePinnedOutput(), CudaStream());
+                                       model_->EnablePinnedOutput(), copy_stream());
   std::vector<TRITONBACKEND_State*> states;
   std::vector<std::string> serialized;  // string outputs, until their copies are done
   serialized.reserve(count * model_->outputs().size());
@@ -1340,7 +1326,7 @@ void instance_state::run_group(group& g) {
     input_copies.pending = false;
   }
   if (timed) {
-    if (!copies) wait_for_device();  // nothing of the run's went through Triton's stream
+    if (!copies) wait_for_device();  // no copy to wait for, behind the run
     g.compute_end = timed_compute_end(g.compute_start, launched);
   }
   for (auto* s : states) {

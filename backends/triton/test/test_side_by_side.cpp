@@ -349,7 +349,7 @@ TEST_CASE("on the GPU: KIND_GPU instances of both backends answer bitwise alike"
   TORCHLOOM_REQUIRE_PEER();
   twins("mlp_gpu", bundled_model(), mlp_body(true));
   check_mlp("mlp_gpu");
-  // T15's configuration: torchloom replays CUDA graphs on Triton's stream (from the third
+  // T15's configuration: torchloom replays CUDA graphs on its run stream (from the third
   // request of a shape on), the PyTorch backend runs eagerly; the bytes must not differ.
   twins("mlp_gpu_graphed", bundled_model(),
         mlp_body(true) + parameter("TORCHLOOM_STREAM", "graphed_caller"));
