@@ -179,6 +179,7 @@ class built_once {
     error = error_;
     return value_ ? &*value_ : nullptr;
   }
+  T* value() { return value_ ? &*value_ : nullptr; }  //!< without building it
   void reset() { value_.reset(); }
 
  private:
