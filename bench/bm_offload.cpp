@@ -37,37 +37,14 @@
 // counters for scripts/report.py. Every variant's output is compared bitwise with the
 // resident run's on the same input first. Without CUDA only BM_offload_limit is registered,
 // reporting an error, and the program exits 0.
-#include <torchloom/detail/config.hpp>
-#include <torchloom/torchloom.hpp>
-
-#include <benchmark/benchmark.h>
-#include <torch/cuda.h>
-#include <torch/script.h>
+#include "bench/support/common.hpp"
+#include "tests/support/temp_dir.hpp"
 
 #if TORCHLOOM_HAS_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime.h>
 
 #include "bench/support/cuda.hpp"
 #endif
-
-#include "bench/support/fixtures.hpp"
-
-#include "bench/support/registration.hpp"
-#include "bench/support/stats.hpp"
-#include "tests/support/temp_dir.hpp"
-
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <filesystem>
-#include <functional>
-#include <memory>
-#include <optional>
-#include <stdexcept>
-#include <string>
-#include <vector>
 
 namespace torchloom_bench {
 namespace {
@@ -118,17 +95,15 @@ timing summarise(std::vector<double> ms) {
   return {nearest_rank(ms, 0.5), nearest_rank(ms, 0.99)};
 }
 
-// Times single calls with CUDA events on the current stream (cuda:0's) at its construction.
+// Times single calls with CUDA events on the current stream (cuda:0's) at its construction:
+// once(f) is the milliseconds of device time from before `f`'s work to after it.
 class stream_timer {
  public:
-  stream_timer() : stream_(c10::cuda::getCurrentCUDAStream(0).stream()) {}
-
-  // Milliseconds of device time from before `f`'s work to after it.
   double once(const std::function<void()>& f) { return events_.time_ms(stream_, f); }
 
  private:
-  cudaStream_t stream_;
-  event_timer events_;  // torchloom_bench's
+  cudaStream_t stream_ = c10::cuda::getCurrentCUDAStream(0).stream();
+  event_timer events_;
 };
 
 // Times `forward`: `warmup` untimed calls, then `reps`.
@@ -178,7 +153,7 @@ at::Tensor random_weight(std::int64_t rows, std::int64_t cols, std::int64_t fan_
 // One model on disk, its host weights for the naive loop, and its runners.
 struct offload_model {
   std::string name;
-  std::filesystem::path dir;
+  fs::path dir;
   std::int64_t width = 0;
   std::int64_t weight_bytes = 0;
   std::int64_t budget_mb = 0;
@@ -200,7 +175,7 @@ struct offload_model {
 
 // layers x (pieces tensors of rows x width), a layer applying their concatenation (pieces x
 // rows must equal width): y = x cat(W)^T.
-std::unique_ptr<offload_model> make_model(const std::filesystem::path& root, std::string name,
+std::unique_ptr<offload_model> make_model(const fs::path& root, std::string name,
                                           int layer_count, int pieces, std::int64_t width,
                                           std::int64_t budget_mb) {
   auto m = std::make_unique<offload_model>();
@@ -231,7 +206,7 @@ std::unique_ptr<offload_model> make_model(const std::filesystem::path& root, std
   }
   code += "    return x\n";
   top.define(code);
-  std::filesystem::create_directories(m->dir / "1");
+  fs::create_directories(m->dir / "1");
   top.save((m->dir / "1" / "model.pt").string());
   m->make_streamed = make_runner<runner_type<torchloom::streamed_weights>>;
   m->resident = make_runner<runner_type<torchloom::resident_weights>>(m->spec());
@@ -255,11 +230,10 @@ std::unique_ptr<offload_model> load_package_model(std::string name, std::int64_t
   m->dir = env_or("TORCHLOOM_OFFLOAD_FIXTURES", TORCHLOOM_OFFLOAD_FIXTURE_DIR) / m->name;
   m->width = width;
   m->budget_mb = budget_mb;
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(m->dir / "1" / "model.pt2", ec)) {
-    throw std::runtime_error("no package " + (m->dir / "1" / "model.pt2").string() +
-                             "; run scripts/make_offload_fixture.py (or set "
-                             "TORCHLOOM_OFFLOAD_FIXTURES)");
+  if (auto why = no_file(m->dir / "1" / "model.pt2",
+                         "scripts/make_offload_fixture.py (or set TORCHLOOM_OFFLOAD_FIXTURES)");
+      !why.empty()) {
+    throw std::runtime_error(why);
   }
   m->make_streamed = make_runner<package_runner<torchloom::streamed_weights>>;
   m->resident = make_runner<package_runner<torchloom::resident_weights>>(m->spec());
@@ -360,7 +334,7 @@ const offload_model& model_of(fixture& f, model_kind k) {
 }
 
 void BM_offload(benchmark::State& state, model_kind which, std::int64_t batch, variant v) {
-  try {
+  guarded(state, [&] {
     auto& f = fixture::get();
     const offload_model& m = model_of(f, which);
     const at::Tensor x = input(m, batch);
@@ -405,9 +379,7 @@ void BM_offload(benchmark::State& state, model_kind which, std::int64_t batch, v
       }
     }
     if (v == variant::streamed) streamed_counters(state, m.streamed->memory());
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-  }
+  });
 }
 
 // T11: the large model at batch 16 under streamed_weights with a budget of all its weights
@@ -415,7 +387,7 @@ void BM_offload(benchmark::State& state, model_kind which, std::int64_t batch, v
 // of half of them (the other half streams: held to transfer_ms, its streamed bytes at the
 // pinned limit). The runner is built here and goes at the end, with its device memory.
 void BM_offload_share(benchmark::State& state, model_kind which, bool all) {
-  try {
+  guarded(state, [&] {
     auto& f = fixture::get();
     const offload_model& m = model_of(f, which);
     const std::int64_t budget_mb = ((all ? m.weight_bytes : m.weight_bytes / 2) + mib - 1) / mib;
@@ -436,22 +408,18 @@ void BM_offload_share(benchmark::State& state, model_kind which, bool all) {
       }
     }
     streamed_counters(state, streamed.memory());
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-  }
+  });
 }
 
 void BM_offload_limit(benchmark::State& state) {
-  try {
+  guarded(state, [&] {
     auto& f = fixture::get();
     for (auto _ : state) state.SetIterationTime(1024.0 * mib / (f.limit_gbps * 1e9));
     state.counters["gbps"] = f.limit_gbps;
     state.counters["bytes"] = static_cast<double>(1024 * mib);
     state.counters["ms_median"] = 1024.0 * mib / (f.limit_gbps * 1e9) * 1e3;
     state.counters["reps"] = reps;
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-  }
+  });
 }
 
 // T9: eight shared runners of the large model hold one copy of its weights. A, the memory a
@@ -459,7 +427,7 @@ void BM_offload_limit(benchmark::State& state) {
 // then built, run once each (outputs kept), and the allocator's peak over that is compared
 // with W + 8 A.
 void BM_offload_shared(benchmark::State& state) {
-  try {
+  guarded(state, [&] {
     auto& f = fixture::get();
     const offload_model& m = *f.large;
     const at::Tensor x = input(m, 16);
@@ -495,9 +463,7 @@ void BM_offload_shared(benchmark::State& state) {
       for (const auto& r : runners) sharing += &r->model() == &runners.front()->model() ? 1 : 0;
       state.counters["use_count"] = sharing;
     }
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-  }
+  });
 }
 
 #if TORCHLOOM_TORCH_VERSION >= 20600
@@ -506,18 +472,18 @@ constexpr std::int64_t llm_budget_mb = 512;
 constexpr std::int64_t llm_tokens = 128;
 constexpr std::int64_t llm_vocabulary = 32000;
 
-std::filesystem::path llm_fixture(const std::string& name) {
+fs::path llm_fixture(const std::string& name) {
   const auto dir = env_or("TORCHLOOM_OFFLOAD_FIXTURES", TORCHLOOM_OFFLOAD_FIXTURE_DIR) / name;
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(dir / "1" / "model.pt2", ec)) {
-    throw std::runtime_error("no package " + (dir / "1" / "model.pt2").string() +
-                             "; run scripts/make_transformer_fixtures.py DIR llm (or set "
-                             "TORCHLOOM_OFFLOAD_FIXTURES)");
+  if (auto why = no_file(dir / "1" / "model.pt2",
+                         "scripts/make_transformer_fixtures.py DIR llm (or set "
+                         "TORCHLOOM_OFFLOAD_FIXTURES)");
+      !why.empty()) {
+    throw std::runtime_error(why);
   }
   return dir;
 }
 
-torchloom::model_spec llm_spec(const std::filesystem::path& dir, bool streamed) {
+torchloom::model_spec llm_spec(const fs::path& dir, bool streamed) {
   auto s = torchloom::model_spec::from_directory(dir);
   if (streamed) {
     s.set("WEIGHT_OFFLOAD_BUDGET_MB", std::to_string(llm_budget_mb));
@@ -543,7 +509,7 @@ class device_taken {
 // T14: the decoder streamed at batch 1 and 128 tokens while its weights exceed the device's
 // free memory; the 1-layer twin bitwise against resident first.
 void BM_offload_llm(benchmark::State& state) {
-  try {
+  guarded(state, [&] {
     auto& f = fixture::get();
     const auto big = llm_fixture("llama_offload");
     const auto small = llm_fixture("llama_offload_small");
@@ -565,7 +531,7 @@ void BM_offload_llm(benchmark::State& state) {
     std::size_t total = 0;
     check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
     const auto file_bytes =
-        static_cast<std::int64_t>(std::filesystem::file_size(big / "1" / "weights.pt"));
+        static_cast<std::int64_t>(fs::file_size(big / "1" / "weights.pt"));
     // What is left: the arena, the first run's temporary copies and the activations fit; the
     // weights do not.
     const std::int64_t left = std::min<std::int64_t>(1280 * mib, file_bytes / 2);
@@ -601,9 +567,7 @@ void BM_offload_llm(benchmark::State& state) {
       state.counters["finite"] = torch::isfinite(out).all().item<bool>() ? 1 : 0;
     }
     streamed_counters(state, streamed->memory());
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-  }
+  });
 }
 
 #endif
