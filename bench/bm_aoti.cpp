@@ -60,8 +60,7 @@ std::unique_ptr<runner_type> make_runner(c10::Device device) {
                                        device);
 }
 
-// The process's loaded packages, one per device, kept for the whole run. Cleared by main()
-// before it returns.
+// The process's loaded packages, one per device, kept for the whole run.
 per_device<package_loader> raw_packages;
 per_device<runner_type> runners;
 
@@ -252,16 +251,10 @@ void register_benchmarks() {
   }
 }
 
-// What the benchmarks kept for the whole run, released before CUDA's own teardown at exit.
-void teardown() {
-  runners.clear();
-  raw_packages.clear();
-}
-
 }  // namespace
 }  // namespace torchloom_bench
 
-TORCHLOOM_BENCH_MAIN(register_benchmarks, teardown)
+TORCHLOOM_BENCH_MAIN(register_benchmarks)
 
 #else
 

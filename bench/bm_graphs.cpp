@@ -382,9 +382,7 @@ void register_benchmarks() {
   }
 }
 
-void teardown() {}  // nothing outlives its benchmark
-
 }  // namespace
 }  // namespace torchloom_bench
 
-TORCHLOOM_BENCH_MAIN(register_benchmarks, teardown)
+TORCHLOOM_BENCH_MAIN(register_benchmarks)

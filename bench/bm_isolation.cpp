@@ -59,15 +59,13 @@ using runner_type = torchloom::model_runner<torchloom::torchscript_loader, torch
 
 cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream(0).stream(); }
 
-// The process's models, inputs and streams, built on first use; main() clears them before it
-// returns, so no CUDA tensor outlives the CUDA runtime's teardown, and removes the files.
+// The process's models, inputs and streams, built on first use and kept for the whole run.
 struct process_state {
   fs::path dir;
   std::vector<c10::IValue> victim_inputs;
   std::vector<c10::IValue> gemm_inputs;
   std::optional<c10::cuda::CUDAStream> victim_stream;
   std::optional<c10::cuda::CUDAStream> cotenant_stream;
-  std::vector<std::function<void()>> cleanups;
 };
 
 built_once<process_state> the_process;
@@ -100,15 +98,6 @@ process_state* setup(std::string& error) {
   });
 }
 
-void teardown() {
-  if (process_state* s = the_process.value(); s != nullptr) {
-    for (auto& c : s->cleanups) c();
-  }
-  the_process.reset();
-  std::error_code ec;
-  fs::remove_all(model_dir(), ec);
-}
-
 // The runner of the victim or the GEMM model with stream policy S, built (and warmed up) on
 // first use; nullptr with `error` set when it cannot be built (green contexts unsupported).
 template <class S, bool Victim>
@@ -120,7 +109,6 @@ runner_type<S>* runner(bool green, std::string& error) {
     auto spec = torchloom::model_spec::from_file(p->dir / (Victim ? "victim.pt" : "gemm.pt"));
     if (green) spec.set("GREEN_CONTEXT_SM_COUNT", green_sm_count);
     r.emplace(std::move(spec), c10::Device(c10::kCUDA, 0));
-    p->cleanups.push_back([] { slot.reset(); });
     const auto& inputs = Victim ? p->victim_inputs : p->gemm_inputs;
     for (int i = 0; i < (Victim ? victim_warmup_calls : 3); ++i) r->run(inputs);
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
@@ -254,6 +242,10 @@ void register_one(const char* name, Fn fn, cotenant_kind kind) {
 
 void register_benchmarks() {
   using enum cotenant_kind;
+  at_teardown().push_back([] {  // released last: the model files
+    std::error_code ec;
+    fs::remove_all(model_dir(), ec);
+  });
 #ifdef TORCHLOOM_BENCH_HAS_GREEN_CONTEXT
   const auto green_victim = bm_isolation<torchloom::green_context_stream>;
 #else
@@ -274,11 +266,9 @@ void bm_isolation(benchmark::State& state) { state.SkipWithError("built without 
 
 void register_benchmarks() { benchmark::RegisterBenchmark("BM_isolation", bm_isolation); }
 
-void teardown() {}
-
 #endif
 
 }  // namespace
 }  // namespace torchloom_bench
 
-TORCHLOOM_BENCH_MAIN(register_benchmarks, teardown)
+TORCHLOOM_BENCH_MAIN(register_benchmarks)

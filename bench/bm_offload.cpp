@@ -253,7 +253,7 @@ double measure_limit_gbps() {
   return static_cast<double>(bytes) / (t.median_ms * 1e-3) / 1e9;
 }
 
-// Everything the benchmarks share, built on first use and destroyed by main() before exit.
+// Everything the benchmarks share, built on first use and kept for the whole run.
 struct fixture {
   torchloom_test::temp_dir dir{"bm_offload"};
   double limit_gbps = 0;
@@ -271,14 +271,11 @@ struct fixture {
 #endif
   }
 
-  static std::unique_ptr<fixture>& instance() {
-    static std::unique_ptr<fixture> f;
-    return f;
-  }
   static fixture& get() {
-    auto& f = instance();
+    static std::unique_ptr<fixture> f;
     if (!f) {
       f = std::make_unique<fixture>();
+      at_teardown().push_back([] { f.reset(); });
       f->limit_gbps = measure_limit_gbps();
       f->large = make_model(f->dir.path(), "large", 16, 1, 8192, 512);
       f->small = make_model(f->dir.path(), "small_tensors", 16, 64, 4096, 128);
@@ -638,14 +635,7 @@ void register_all() {
 
 #endif
 
-// The models and runners, destroyed before CUDA's own teardown at exit.
-void teardown() {
-#if TORCHLOOM_HAS_CUDA
-  fixture::instance().reset();
-#endif
-}
-
 }  // namespace
 }  // namespace torchloom_bench
 
-TORCHLOOM_BENCH_MAIN(register_all, teardown)
+TORCHLOOM_BENCH_MAIN(register_all)

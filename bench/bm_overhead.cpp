@@ -20,7 +20,7 @@ namespace {
 
 using runner_type = torchloom::model_runner<torchloom::torchscript_loader>;
 
-// The process's models, one per device. Cleared by main() before it returns.
+// The process's models, one per device.
 per_device<torch::jit::Module> raw_modules;
 per_device<runner_type> runners;
 
@@ -118,13 +118,7 @@ void register_benchmarks() {
   }
 }
 
-// What the benchmarks kept for the whole run, released before CUDA's own teardown at exit.
-void teardown() {
-  runners.clear();
-  raw_modules.clear();
-}
-
 }  // namespace
 }  // namespace torchloom_bench
 
-TORCHLOOM_BENCH_MAIN(register_benchmarks, teardown)
+TORCHLOOM_BENCH_MAIN(register_benchmarks)

@@ -48,11 +48,6 @@ template <>
 constexpr bool needs_sm_count<torchloom::green_context_stream> = true;
 #endif
 
-// Runners are built once per process (a load and the executor's profiling runs are not what
-// T2 measures) and destroyed by main() before it returns, so no CUDA tensor outlives the CUDA
-// runtime's own teardown at exit.
-std::vector<std::function<void()>> cleanups;
-
 void sync_current_stream() {
   check_cuda(cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream(0).stream()),
              "cudaStreamSynchronize");
@@ -63,7 +58,8 @@ std::vector<c10::IValue> make_inputs() {
   return {bundled_input(c10::Device(c10::kCUDA, 0), batch)};
 }
 
-// The runner for policy S, built on first use; nullptr (and `error` set) when it cannot be.
+// The runner for policy S, built on first use and kept (a load and the executor's profiling
+// runs are not what T2 measures); nullptr (and `error` set) when it cannot be built.
 template <class S>
 runner_type<S>* runner(std::string& error) {
   static built_once<runner_type<S>> slot;
@@ -71,7 +67,6 @@ runner_type<S>* runner(std::string& error) {
     auto spec = torchloom::model_spec::from_directory(TORCHLOOM_BUNDLED_MODEL_DIR);
     if constexpr (needs_sm_count<S>) spec.set("GREEN_CONTEXT_SM_COUNT", green_sm_count);
     r.emplace(std::move(spec), c10::Device(c10::kCUDA, 0));
-    cleanups.push_back([] { slot.reset(); });
     const std::vector<c10::IValue> inputs = make_inputs();
     for (int i = 0; i < process_warmup_calls; ++i) r->run(inputs);
     sync_current_stream();
@@ -408,15 +403,7 @@ void register_benchmarks() { benchmark::RegisterBenchmark("BM_streams", bm_strea
 
 #endif
 
-// The runners, destroyed before CUDA's own teardown at exit.
-void teardown() {
-#if TORCHLOOM_HAS_CUDA
-  for (auto& c : cleanups) c();
-  cleanups.clear();
-#endif
-}
-
 }  // namespace
 }  // namespace torchloom_bench
 
-TORCHLOOM_BENCH_MAIN(register_benchmarks, teardown)
+TORCHLOOM_BENCH_MAIN(register_benchmarks)

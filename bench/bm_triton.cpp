@@ -119,11 +119,13 @@ struct serving_fixture {
   }
 };
 
-std::unique_ptr<serving_fixture> the_fixture;  // made on first use, gone at teardown
-
-serving_fixture& fixture() {
-  if (!the_fixture) the_fixture = std::make_unique<serving_fixture>();
-  return *the_fixture;
+serving_fixture& fixture() {  // made on first use, kept for the whole run
+  static std::unique_ptr<serving_fixture> f;
+  if (!f) {
+    f = std::make_unique<serving_fixture>();
+    at_teardown().push_back([] { f.reset(); });
+  }
+  return *f;
 }
 
 // Sends one request; throws the response's error.
@@ -506,12 +508,7 @@ void register_benchmarks() {
   }
 }
 
-void teardown() {
-  direct_runners.clear();
-  the_fixture.reset();
-}
-
 }  // namespace
 }  // namespace torchloom_bench
 
-TORCHLOOM_BENCH_MAIN(register_benchmarks, teardown)
+TORCHLOOM_BENCH_MAIN(register_benchmarks)

@@ -141,25 +141,33 @@ inline std::string no_file(const fs::path& file, const std::string& how,
   return std::string("no ") + what + " " + file.string() + "; run " + how;
 }
 
+//! What the benchmarks keep for the whole run, each released by a function here: main()
+//! calls them after the runs (last kept, first released), so no CUDA tensor outlives the CUDA
+//! runtime's own teardown at exit.
+inline std::vector<std::function<void()>>& at_teardown() {
+  static std::vector<std::function<void()>> releases;
+  return releases;
+}
+
 //! One T per device, made by `make(device)` (a std::unique_ptr<T>) on first use and kept for
-//! the whole run: a load is not what a per-call benchmark measures. clear() before main
-//! returns, so no CUDA tensor outlives the CUDA runtime's teardown.
+//! the whole run: a load is not what a per-call benchmark measures.
 template <class T>
 class per_device {
  public:
   template <class Make>
   T& get(c10::Device device, Make&& make) {
+    if (items_.empty()) at_teardown().push_back([this] { items_.clear(); });
     auto& p = items_[device.str()];
     if (!p) p = make(device);
     return *p;
   }
-  void clear() { items_.clear(); }
 
  private:
   std::map<std::string, std::unique_ptr<T>> items_;
 };
 
-//! A T built once per process on first use, or why it could not be built.
+//! A T built once per process on first use and kept for the whole run, or why it could not
+//! be built.
 template <class T>
 class built_once {
  public:
@@ -171,6 +179,7 @@ class built_once {
       tried_ = true;
       try {
         build(value_);
+        at_teardown().push_back([this] { value_.reset(); });
       } catch (const std::exception& e) {
         value_.reset();
         error_ = e.what();
@@ -179,14 +188,18 @@ class built_once {
     error = error_;
     return value_ ? &*value_ : nullptr;
   }
-  T* value() { return value_ ? &*value_ : nullptr; }  //!< without building it
-  void reset() { value_.reset(); }
 
  private:
   std::optional<T> value_;
   std::string error_;
   bool tried_ = false;
 };
+
+//! Sets plain counters (kDefaults), name by name.
+inline void set_counters(benchmark::State& state,
+                         std::initializer_list<std::pair<const char*, double>> counters) {
+  for (const auto& [name, value] : counters) state.counters[name] = value;
+}
 
 // ---- Timing loops ----
 
@@ -325,15 +338,18 @@ auto register_once(const std::string& name, benchmark::IterationCount iterations
 }
 
 //! A benchmark program's main: Google Benchmark's flags, `register_benchmarks()`, the runs
-//! the flags select, then `teardown()` (what the benchmarks kept for the whole run, released
-//! before the CUDA runtime's own teardown at exit).
-template <class Register, class Teardown>
-int run_main(int argc, char** argv, Register&& register_benchmarks, Teardown&& teardown) {
+//! the flags select, then what the benchmarks kept is released (at_teardown).
+template <class Register>
+int run_main(int argc, char** argv, Register&& register_benchmarks) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   register_benchmarks();
   benchmark::RunSpecifiedBenchmarks();
-  teardown();
+  auto& releases = at_teardown();
+  while (!releases.empty()) {
+    releases.back()();
+    releases.pop_back();
+  }
   benchmark::Shutdown();
   return 0;
 }
@@ -341,11 +357,10 @@ int run_main(int argc, char** argv, Register&& register_benchmarks, Teardown&& t
 }  // namespace torchloom_bench
 
 //! Defines main() for a benchmark program (as BENCHMARK_MAIN does): run_main with the
-//! functions `register_fn` and `teardown_fn` of namespace torchloom_bench.
-#define TORCHLOOM_BENCH_MAIN(register_fn, teardown_fn)                              \
-  int main(int argc, char** argv) {                                                \
-    return ::torchloom_bench::run_main(argc, argv, ::torchloom_bench::register_fn, \
-                                       ::torchloom_bench::teardown_fn);            \
+//! function `register_fn` of namespace torchloom_bench.
+#define TORCHLOOM_BENCH_MAIN(register_fn)                                                 \
+  int main(int argc, char** argv) {                                                      \
+    return ::torchloom_bench::run_main(argc, argv, ::torchloom_bench::register_fn);      \
   }
 
 namespace torchloom_bench {
