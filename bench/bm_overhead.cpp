@@ -64,7 +64,7 @@ bool same_output(benchmark::State& state, c10::Device device, runner_type& r,
 void bm_separate(benchmark::State& state, std::int64_t device_arg, std::int64_t batch,
                  bool is_runner) {
   const c10::Device device = device_for(device_arg);
-  if (device_missing(state, device)) return;
+  if (skip_if(state, no_device(device))) return;
   if (!is_runner) {
     torch::jit::Module& m = raw_module(device);
     const std::vector<c10::IValue> inputs{bundled_input(device, batch)};
@@ -90,7 +90,7 @@ enum class pairing {
 void bm_paired(benchmark::State& state, std::int64_t device_arg, std::int64_t batch,
                pairing what) {
   const c10::Device device = device_for(device_arg);
-  if (device_missing(state, device)) return;
+  if (skip_if(state, no_device(device))) return;
   runner_type& r = runner(device);
   // A handle to the runner's module (torch::jit::Module is one), not a copy of it.
   torch::jit::Module own = r.model().module;

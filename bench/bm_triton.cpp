@@ -479,23 +479,19 @@ void bm_t16(benchmark::State& state, bool green) {
   });
 }
 
-template <class Fn>
-void register_compared(const std::string& name, c10::Device device, Fn fn) {
-  // One repetition where the device is missing: the skip is reported once.
-  const int reps = device_unavailable(device).empty() ? repetitions : 1;
-  with_spread(benchmark::RegisterBenchmark(name.c_str(), fn), reps)
-      ->UseManualTime()
-      ->Iterations(iterations)
-      ->Unit(benchmark::kMillisecond);
-}
-
 void register_benchmarks() {
   for (const auto& [label, device] :
        {std::pair{"cpu", c10::Device(c10::kCPU)}, std::pair{"cuda", c10::Device(c10::kCUDA, 0)}}) {
-    register_compared(std::string("BM_serving_t13/device:") + label, device,
-                      [device](benchmark::State& s) { bm_t13(s, device); });
-    register_compared(std::string("BM_serving_t15/device:") + label, device,
-                      [device](benchmark::State& s) { bm_t15(s, device); });
+    for (const auto& [name, fn] : {std::pair{"BM_serving_t13/device:", &bm_t13},
+                                   std::pair{"BM_serving_t15/device:", &bm_t15}}) {
+      // One repetition where the device is missing: the skip is reported once.
+      const int reps = device_unavailable(device).empty() ? repetitions : 1;
+      with_spread(benchmark::RegisterBenchmark((name + std::string(label)).c_str(), fn, device),
+                  reps)
+          ->UseManualTime()
+          ->Iterations(iterations)
+          ->Unit(benchmark::kMillisecond);
+    }
   }
   for (const bool green : {true, false}) {
     benchmark::RegisterBenchmark(

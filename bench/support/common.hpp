@@ -32,8 +32,6 @@ namespace torchloom_bench {
 
 namespace fs = std::filesystem;
 
-// ---- Statistics ----
-
 //! Nearest-rank percentile q (0 < q <= 1) of an ascending sample; 0 for an empty one.
 inline double nearest_rank(const std::vector<double>& sorted, double q) {
   if (sorted.empty()) return 0.0;
@@ -71,8 +69,6 @@ inline double max_of(const std::vector<double>& v) {
   return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end());
 }
 
-// ---- Devices, skips, inputs, fixtures ----
-
 //! The bundled model's input: float32 [batch, 64].
 constexpr std::int64_t feature_count = 64;
 
@@ -103,11 +99,6 @@ inline bool skip_if(benchmark::State& state, const std::string& why) {
 //! "no CUDA device" when `device` is a GPU and there is none, else "".
 inline std::string no_device(c10::Device device) {
   return device.is_cuda() && !torch::cuda::is_available() ? "no CUDA device" : "";
-}
-
-//! Skips when `device` is a GPU and there is none.
-inline bool device_missing(benchmark::State& state, c10::Device device) {
-  return skip_if(state, no_device(device));
 }
 
 //! Runs `body`; what it throws becomes the benchmark's skip.
@@ -200,8 +191,6 @@ inline void set_counters(benchmark::State& state,
                          std::initializer_list<std::pair<const char*, double>> counters) {
   for (const auto& [name, value] : counters) state.counters[name] = value;
 }
-
-// ---- Timing loops ----
 
 //! Wall time of `call()` in microseconds. Whatever the call returns is destroyed inside the
 //! timed region, so both sides of a pair count the same work.
@@ -306,8 +295,6 @@ void time_host_parts(benchmark::State& state, const std::vector<host_part>& part
   }
 }
 
-// ---- Registration and main ----
-
 //! A separately timed benchmark: `repetitions` repetitions, reported as their aggregates only,
 //! the median (built in) and the p99. A benchmark that cannot run here (no device, no model)
 //! is given 1, so that it reports its skip once, not once per repetition.
@@ -365,8 +352,7 @@ int run_main(int argc, char** argv, Register&& register_benchmarks) {
 
 namespace torchloom_bench {
 
-// ---- T1: a raw call against the runner's, per call (bm_overhead, bm_aoti) ----
-
+// T1: a raw call against the runner's, per call (bm_overhead, bm_aoti).
 constexpr int t1_warmup_calls = 5;  // untimed calls before each timed loop
 
 //! A separately timed side: warm-up calls of `once`, then, when `check()` holds (the runner

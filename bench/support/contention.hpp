@@ -7,6 +7,8 @@
 
 #include <dlfcn.h>
 
+#include <type_traits>
+
 namespace torchloom_bench {
 
 //! The GPU's SM clock and power while a phase runs, sampled every 20 ms from NVML
@@ -25,14 +27,13 @@ class clock_sampler {
   clock_sampler() {
     lib_ = ::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
     if (lib_ == nullptr) return;
-    const auto sym = [this](const char* name) { return ::dlsym(lib_, name); };
-    init_ = reinterpret_cast<int (*)()>(sym("nvmlInit_v2"));
-    handle_ = reinterpret_cast<int (*)(unsigned, void**)>(sym("nvmlDeviceGetHandleByIndex_v2"));
-    clock_ = reinterpret_cast<int (*)(void*, int, unsigned*)>(sym("nvmlDeviceGetClockInfo"));
-    power_ = reinterpret_cast<int (*)(void*, unsigned*)>(sym("nvmlDeviceGetPowerUsage"));
-    reasons_ = reinterpret_cast<int (*)(void*, unsigned long long*)>(
-        sym("nvmlDeviceGetCurrentClocksThrottleReasons"));
-    ok_ = init_ && handle_ && clock_ && power_ && reasons_ && init_() == 0 &&
+    const auto sym = [this](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(lib_, name));
+      return fn != nullptr;
+    };
+    ok_ = sym(init_, "nvmlInit_v2") && sym(handle_, "nvmlDeviceGetHandleByIndex_v2") &&
+          sym(clock_, "nvmlDeviceGetClockInfo") && sym(power_, "nvmlDeviceGetPowerUsage") &&
+          sym(reasons_, "nvmlDeviceGetCurrentClocksThrottleReasons") && init_() == 0 &&
           handle_(0, &device_) == 0;
   }
   clock_sampler(const clock_sampler&) = delete;
@@ -46,7 +47,8 @@ class clock_sampler {
 
   void start() {
     stop();
-    samples_.clear();
+    sum_ = {};
+    count_ = 0;
     if (!ok_) return;
     running_ = true;
     thread_ = std::thread([this] {
@@ -60,39 +62,29 @@ class clock_sampler {
         if (clock_(device_, nvml_clock_sm, &mhz) == 0 && power_(device_, &mw) == 0 &&
             reasons_(device_, &why) == 0) {
           std::lock_guard lock(mutex_);
-          samples_.push_back({static_cast<double>(mhz), mw / 1000.0, (why & power_cap) != 0});
+          sum_.sm_mhz += static_cast<double>(mhz);
+          sum_.power_w += mw / 1000.0;
+          sum_.power_capped += (why & power_cap) != 0 ? 1.0 : 0.0;
+          ++count_;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
     });
   }
 
+  //! The means over the samples since start().
   summary stop() {
     if (thread_.joinable()) {
       running_ = false;
       thread_.join();
     }
     std::lock_guard lock(mutex_);
-    summary s;
-    if (samples_.empty()) return s;
-    for (const auto& x : samples_) {
-      s.sm_mhz += x.mhz;
-      s.power_w += x.watts;
-      s.power_capped += x.capped ? 1.0 : 0.0;
-    }
-    const auto n = static_cast<double>(samples_.size());
-    s.sm_mhz /= n;
-    s.power_w /= n;
-    s.power_capped /= n;
-    return s;
+    if (count_ == 0) return {};
+    const auto n = static_cast<double>(count_);
+    return {sum_.sm_mhz / n, sum_.power_w / n, sum_.power_capped / n};
   }
 
  private:
-  struct sample {
-    double mhz;
-    double watts;
-    bool capped;
-  };
   void* lib_ = nullptr;
   void* device_ = nullptr;
   bool ok_ = false;
@@ -104,7 +96,8 @@ class clock_sampler {
   std::atomic<bool> running_{false};
   std::thread thread_;
   std::mutex mutex_;
-  std::vector<sample> samples_;
+  summary sum_;  // sums of the samples since start()
+  int count_ = 0;
 };
 
 //! Latencies (µs) of one phase of victim calls, and its wall time.
