@@ -1,15 +1,13 @@
 // PERF.md T13, T15 and T16: torchloom's Triton backend served by the in-process Triton core,
-// measured beside what it is compared with, in one core and one loop. Every comparison sends
-// requests from 8 client threads (batch 1, random inputs) in rounds of 100 requests per
-// thread, and from one client in rounds of 200 requests (latency without queueing; not for the
-// batched sides); each iteration runs the rounds of every side, the sides in a shuffled order,
-// so all sides share the machine's drift. Each side reports its p50 and p99 request latency
-// and its requests/s as counters <side>_p50_us, <side>_p99_us and <side>_rps (8 clients) and
-// <side>_one_p50_us, <side>_one_p99_us and <side>_one_rps (one client). A served side also
-// reports where its requests spent their time by Triton's own statistics over all its rounds,
-// in µs per request (a batched request is charged its whole batch's time, as Triton counts
-// it): <side>_queue_us, <side>_compute_input_us, <side>_compute_infer_us and
-// <side>_compute_output_us. scripts/report.py reads them by these names.
+// beside what it is compared with, in one core and one loop. Every comparison sends requests
+// from 8 client threads (batch 1, random inputs) in rounds of 100 requests per thread, and
+// from one client in rounds of 200 (latency without queueing; not for the batched sides);
+// each iteration runs the rounds of every side in a shuffled order, so all sides share the
+// machine's drift. Counters per side: <side>_p50_us, <side>_p99_us, <side>_rps (8 clients),
+// <side>_one_p50_us, <side>_one_p99_us, <side>_one_rps (one client), and for a served side
+// Triton's own statistics over its rounds in µs per request (a batched request is charged
+// its whole batch's time): <side>_queue_us, <side>_compute_input_us,
+// <side>_compute_infer_us, <side>_compute_output_us. scripts/report.py reads these names.
 //
 //   BM_serving_t13/device:<cpu|cuda>  T13, the bundled MLP (one instance):
 //       runner             the same runner called directly by the client threads, one call at

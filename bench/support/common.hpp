@@ -324,34 +324,6 @@ auto register_once(const std::string& name, benchmark::IterationCount iterations
       ->Repetitions(1);
 }
 
-//! A benchmark program's main: Google Benchmark's flags, `register_benchmarks()`, the runs
-//! the flags select, then what the benchmarks kept is released (at_teardown).
-template <class Register>
-int run_main(int argc, char** argv, Register&& register_benchmarks) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  register_benchmarks();
-  benchmark::RunSpecifiedBenchmarks();
-  auto& releases = at_teardown();
-  while (!releases.empty()) {
-    releases.back()();
-    releases.pop_back();
-  }
-  benchmark::Shutdown();
-  return 0;
-}
-
-}  // namespace torchloom_bench
-
-//! Defines main() for a benchmark program (as BENCHMARK_MAIN does): run_main with the
-//! function `register_fn` of namespace torchloom_bench.
-#define TORCHLOOM_BENCH_MAIN(register_fn)                                                 \
-  int main(int argc, char** argv) {                                                      \
-    return ::torchloom_bench::run_main(argc, argv, ::torchloom_bench::register_fn);      \
-  }
-
-namespace torchloom_bench {
-
 // T1: a raw call against the runner's, per call (bm_overhead, bm_aoti).
 constexpr int t1_warmup_calls = 5;  // untimed calls before each timed loop
 
@@ -405,4 +377,29 @@ void register_t1(const std::string& x, std::int64_t device_arg, bool can, Separa
   }
 }
 
+//! A benchmark program's main: Google Benchmark's flags, `register_benchmarks()`, the runs
+//! the flags select, then what the benchmarks kept is released (at_teardown).
+template <class Register>
+int run_main(int argc, char** argv, Register&& register_benchmarks) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  register_benchmarks();
+  benchmark::RunSpecifiedBenchmarks();
+  auto& releases = at_teardown();
+  while (!releases.empty()) {
+    releases.back()();
+    releases.pop_back();
+  }
+  benchmark::Shutdown();
+  return 0;
+}
+
 }  // namespace torchloom_bench
+
+//! Defines main() for a benchmark program (as BENCHMARK_MAIN does): run_main with the
+//! function `register_fn` of namespace torchloom_bench.
+#define TORCHLOOM_BENCH_MAIN(register_fn)                                                 \
+  int main(int argc, char** argv) {                                                      \
+    return ::torchloom_bench::run_main(argc, argv, ::torchloom_bench::register_fn);      \
+  }
+

@@ -225,11 +225,12 @@ struct contention {
 //! p99_us and calls of the last phase, alone_p50_us, alone_p99_us, ratio_vs_alone (p99 over
 //! alone p99), victim_sms, cotenant_sms, cotenant_tflops, and the clock counters. The manual
 //! time is the last phase's p50.
-inline void measure_contention(benchmark::State& state, const contention& c,
-                               const std::function<void()>& request,
-                               const std::function<void(int)>& warm,
-                               const std::function<std::unique_ptr<cotenant_threads>()>&
-                                   start_cotenant) {
+//! `request` is called directly (not through a std::function) inside the timed region.
+template <class Request>
+void measure_contention(
+    benchmark::State& state, const contention& c, Request&& request,
+    const std::function<void(int)>& warm,
+    const std::function<std::unique_ptr<cotenant_threads>()>& start_cotenant) {
   for (auto _ : state) {
     warm(c.alone_warmup);
     clock_sampler clocks;
