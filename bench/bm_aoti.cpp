@@ -2,15 +2,16 @@
 // model_runner<aoti_loader> (no_hook, caller_stream, resident_weights) against the call a user
 // writes by hand, `AOTIModelPackageLoader::run(inputs, stream)`, and the runner's construction
 // against the package loader's, on the MLP packages scripts/make_aoti_fixtures.py makes
-// (mlp_cpu, mlp_cuda). Same method as bm_overhead: separate raw and runner benchmarks, plus
-// BM_paired_aoti, which alternates raw and runner calls in one loop and decides T1.
-// BM_*_aoti_threads: calls per second from 1, 4 and 8 threads on streams of their own.
+// (mlp_cpu, mlp_cuda). Same method as bm_overhead: BM_raw_aoti and BM_runner_aoti timed
+// separately, and BM_paired_aoti, which alternates raw and runner calls in one loop and
+// decides T1 (BM_paired_aoti_boxed_*_only: diagnostics). BM_*_aoti_load and
+// BM_paired_aoti_load: T10. BM_*_aoti_threads: calls per second from 1, 4 and 8 threads on
+// streams of their own.
 //
 // Without the packages every benchmark reports a skip that says how to make them; with a
 // LibTorch older than 2.6 nothing is registered.
-#include <torchloom/torchloom.hpp>
+#include "bench/support/common.hpp"
 
-#include <benchmark/benchmark.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -18,37 +19,16 @@
 
 #if TORCHLOOM_TORCH_VERSION >= 20600
 
-#include <torch/cuda.h>
-#include <torch/script.h>
-
 #if TORCHLOOM_HAS_CUDA
 #include <c10/cuda/CUDAStream.h>
 #endif
 
-#include "bench/support/fixtures.hpp"
-#include "bench/support/registration.hpp"
-#include "bench/support/timing.hpp"
-
-#include <cstdint>
-#include <filesystem>
-#include <memory>
-#include <string>
-#include <utility>
-#include <vector>
-
 namespace torchloom_bench {
 namespace {
 
-namespace fs = std::filesystem;
 using runner_type = torchloom::model_runner<torchloom::aoti_loader>;
 using package_loader = torch::inductor::AOTIModelPackageLoader;
 
-constexpr int warmup_calls = 5;
-constexpr int repetitions = 30;
-constexpr double min_time_s = 0.1;
-constexpr benchmark::IterationCount paired_calls_cpu = 20000;
-constexpr benchmark::IterationCount paired_calls_cuda = 5000;
-constexpr int paired_repetitions = 3;
 // Construction extracts the package, loads its library and its weights: tens of ms.
 constexpr benchmark::IterationCount load_iterations = 3;
 constexpr int load_repetitions = 10;
@@ -62,17 +42,11 @@ fs::path fixture_dir(c10::Device device) {
 
 fs::path package_file(c10::Device device) { return fixture_dir(device) / "1" / "model.pt2"; }
 
-// Skips (with an error, so the report shows why) without the device or the package.
-bool cannot_run(benchmark::State& state, c10::Device device) {
-  if (device_missing(state, device)) return true;
-  std::error_code ec;
-  if (!fs::is_regular_file(package_file(device), ec)) {
-    const std::string why = "no package " + package_file(device).string() +
-                            "; run scripts/make_aoti_fixtures.py (or set TORCHLOOM_AOTI_FIXTURES)";
-    state.SkipWithError(why.c_str());
-    return true;
-  }
-  return false;
+// Why the benchmarks on `device` cannot run here (no device, no package), or "".
+std::string missing(c10::Device device) {
+  if (auto why = no_device(device); !why.empty()) return why;
+  return no_file(package_file(device),
+                 "scripts/make_aoti_fixtures.py (or set TORCHLOOM_AOTI_FIXTURES)");
 }
 
 // What a user writes by hand: the package on the runner's device, one call at a time.
@@ -86,8 +60,7 @@ std::unique_ptr<runner_type> make_runner(c10::Device device) {
                                        device);
 }
 
-// The process's loaded packages, one per device, kept for the whole run. Cleared by main()
-// before it returns.
+// The process's loaded packages, one per device, kept for the whole run.
 per_device<package_loader> raw_packages;
 per_device<runner_type> runners;
 
@@ -114,15 +87,11 @@ std::vector<at::Tensor> make_tensors(c10::Device device, std::int64_t batch) {
   return {bundled_input(device, batch)};
 }
 
-std::vector<c10::IValue> as_ivalues(const std::vector<at::Tensor>& tensors) {
-  return {tensors.begin(), tensors.end()};
-}
-
 // Only time the runner when it computes what the hand-written call computes.
 bool same_outputs(benchmark::State& state, c10::Device device,
                   const std::vector<at::Tensor>& tensors) {
   const auto expected = raw_call(raw_package(device), tensors, device);
-  const auto got = runner(device).run(as_ivalues(tensors));
+  const auto got = runner(device).run(std::vector<c10::IValue>(tensors.begin(), tensors.end()));
   sync(device);
   if (got.size() != expected.size() || !torch::equal(got.front(), expected.front())) {
     state.SkipWithError("runner output differs from the raw AOTI output");
@@ -131,85 +100,60 @@ bool same_outputs(benchmark::State& state, c10::Device device,
   return true;
 }
 
-void bm_raw_aoti(benchmark::State& state, std::int64_t device_arg, std::int64_t batch) {
+void bm_separate(benchmark::State& state, std::int64_t device_arg, std::int64_t batch,
+                 bool is_runner) {
   const c10::Device device = device_for(device_arg);
-  if (cannot_run(state, device)) return;
-  package_loader& p = raw_package(device);
-  const auto tensors = make_tensors(device, batch);
-  const auto call = [&] {
-    auto out = raw_call(p, tensors, device);
-    sync(device);
-    benchmark::DoNotOptimize(out);
-  };
-  warm_up(warmup_calls, call);
-  time_each_iteration(state, call);
-}
-
-void bm_runner_aoti(benchmark::State& state, std::int64_t device_arg, std::int64_t batch) {
-  const c10::Device device = device_for(device_arg);
-  if (cannot_run(state, device)) return;
+  if (skip_if(state, missing(device))) return;
+  if (!is_runner) {
+    package_loader& p = raw_package(device);
+    const auto tensors = make_tensors(device, batch);
+    time_separately(
+        state, [&] { call_synced(device, [&] { return raw_call(p, tensors, device); }); },
+        [] { return true; });
+    return;
+  }
   runner_type& r = runner(device);
   const auto tensors = make_tensors(device, batch);
-  const auto call = [&] {
-    auto out = r.run_tensors(tensors);
-    sync(device);
-    benchmark::DoNotOptimize(out);
-  };
-  warm_up(warmup_calls, call);
-  if (!same_outputs(state, device, tensors)) return;
-  time_each_iteration(state, call);
+  time_separately(
+      state, [&] { call_synced(device, [&] { return r.run_tensors(tensors); }); },
+      [&] { return same_outputs(state, device, tensors); });
 }
 
 // The second arm: the runner's run_tensors() (T1), or, as diagnostics that split the cost,
 // the runner's boxed run() (IValues in and out) or the loader's boxed run() alone.
 enum class second_arm { run_tensors, boxed_run, boxed_loader };
 
-// T1, paired: raw and runner calls alternate in one loop (time_paired), each timed on its
-// own; the counters are per-call medians and p99s.
-void bm_paired_aoti(benchmark::State& state, std::int64_t device_arg, std::int64_t batch,
-                    second_arm arm) {
+void bm_paired(benchmark::State& state, std::int64_t device_arg, std::int64_t batch,
+               second_arm arm) {
   const c10::Device device = device_for(device_arg);
-  if (cannot_run(state, device)) return;
+  if (skip_if(state, missing(device))) return;
   runner_type& r = runner(device);
   // The raw calls go to the runner's own loaded package, so both sides run the same code
   // and constants (two loads of one package differ in where they land).
   package_loader& p = *r.model().package;
   const auto tensors = make_tensors(device, batch);
-  const auto inputs = as_ivalues(tensors);
-  const auto raw_once = [&] {
-    auto out = raw_call(p, tensors, device);
-    sync(device);
-    benchmark::DoNotOptimize(out);
-  };
+  const std::vector<c10::IValue> inputs(tensors.begin(), tensors.end());
   const torchloom::aoti_loader loader;
   auto& model = const_cast<torchloom::aoti_model&>(r.model());
   const c10::Stream stream = device.is_cuda()
                                  ? c10::impl::getDeviceGuardImpl(device.type())->getStream(device)
                                  : c10::Stream(c10::Stream::DEFAULT, device);
-  const auto runner_once = [&] {
-    if (arm == second_arm::run_tensors) {
-      auto out = r.run_tensors(tensors);
-      sync(device);
-      benchmark::DoNotOptimize(out);
-    } else if (arm == second_arm::boxed_loader) {
-      c10::InferenceMode inference;
-      std::vector<c10::IValue> in(inputs);
-      auto out = loader.run(model, std::move(in), torchloom::run_context{device, stream});
-      sync(device);
-      benchmark::DoNotOptimize(out);
-    } else {
-      auto out = r.run(inputs);
-      sync(device);
-      benchmark::DoNotOptimize(out);
-    }
-  };
-  warm_up(warmup_calls, [&] {
-    raw_once();
-    runner_once();
-  });
-  if (!same_outputs(state, device, tensors)) return;
-  paired_samples samples = time_paired(state, raw_once, runner_once);
-  set_paired_counters(state, samples);
+  time_paired_checked(
+      state, [&] { call_synced(device, [&] { return raw_call(p, tensors, device); }); },
+      [&] {
+        if (arm == second_arm::run_tensors) {
+          call_synced(device, [&] { return r.run_tensors(tensors); });
+        } else if (arm == second_arm::boxed_loader) {
+          c10::InferenceMode inference;
+          std::vector<c10::IValue> in(inputs);
+          call_synced(device, [&] {
+            return loader.run(model, std::move(in), torchloom::run_context{device, stream});
+          });
+        } else {
+          call_synced(device, [&] { return r.run(inputs); });
+        }
+      },
+      [&] { return same_outputs(state, device, tensors); });
 }
 
 // Calls per second from several threads at once, each on a pool stream of its own, as a
@@ -221,7 +165,7 @@ void bm_paired_aoti(benchmark::State& state, std::int64_t device_arg, std::int64
 template <bool Runner>
 void bm_aoti_threads(benchmark::State& state, std::int64_t batch) {
   const c10::Device device("cuda:0");
-  if (cannot_run(state, device)) return;
+  if (skip_if(state, missing(device))) return;
   const c10::Stream stream =
       c10::impl::getDeviceGuardImpl(device.type())->getStreamFromGlobalPool(device);
   const c10::StreamGuard on(stream);
@@ -235,7 +179,7 @@ void bm_aoti_threads(benchmark::State& state, std::int64_t batch) {
       benchmark::DoNotOptimize(out);
     }
   };
-  warm_up(warmup_calls, call);
+  warm_up(t1_warmup_calls, call);
   stream.synchronize();
   for (auto _ : state) call();
   stream.synchronize();
@@ -248,81 +192,50 @@ void bm_aoti_threads(benchmark::State& state, std::int64_t batch) {
 template <auto Make>
 void bm_aoti_load(benchmark::State& state, std::int64_t device_arg) {
   const c10::Device device = device_for(device_arg);
-  if (cannot_run(state, device)) return;
+  if (skip_if(state, missing(device))) return;
   Make(device).reset();
-  time_each_iteration(state, [&] {
+  for (auto _ : state) {
     auto made = Make(device);
     benchmark::DoNotOptimize(made.get());
     made.reset();
-  });
+  }
 }
 
 // T10, paired: a raw load and a runner's load alternate (which goes first swaps), each timed,
 // so both share the machine's drift (loads take milliseconds and vary run to run).
 void bm_paired_aoti_load(benchmark::State& state, std::int64_t device_arg) {
   const c10::Device device = device_for(device_arg);
-  if (cannot_run(state, device)) return;
-  const auto raw_once = [&] {
-    auto p = make_raw(device);
-    benchmark::DoNotOptimize(p.get());
-  };
-  const auto runner_once = [&] {
-    auto r = make_runner(device);
-    benchmark::DoNotOptimize(r.get());
-  };
+  if (skip_if(state, missing(device))) return;
+  const auto raw_once = [&] { benchmark::DoNotOptimize(make_raw(device).get()); };
+  const auto runner_once = [&] { benchmark::DoNotOptimize(make_runner(device).get()); };
   raw_once();
   runner_once();
-  paired_samples samples = time_paired(state, raw_once, runner_once);
-  set_paired_counters(state, samples);
-}
-
-bool runnable(std::int64_t device_arg) {
-  const c10::Device device = device_for(device_arg);
-  std::error_code ec;
-  return (device.is_cpu() || torch::cuda::is_available()) &&
-         fs::is_regular_file(package_file(device), ec);
+  time_and_count_paired(state, raw_once, runner_once);
 }
 
 void register_benchmarks() {
   for (const std::int64_t device_arg : {0, 1}) {
-    const std::string device_name = device_arg == 0 ? "cpu" : "cuda:0";
+    const std::string device = std::string("/device:") + (device_arg == 0 ? "cpu" : "cuda:0");
     // Without the device or the package each benchmark only reports its skip, once.
-    const bool can = runnable(device_arg);
-    for (const std::int64_t batch : {1, 32}) {
-      const std::string suffix = "/device:" + device_name + "/batch:" + std::to_string(batch);
-      for (const auto& [name, fn] :
-           {std::pair{"BM_raw_aoti", &bm_raw_aoti}, std::pair{"BM_runner_aoti", &bm_runner_aoti}}) {
-        auto* b = benchmark::RegisterBenchmark((name + suffix).c_str(), fn, device_arg, batch);
-        with_p99(b->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(min_time_s),
-                 can ? repetitions : 1);
-      }
-      for (const auto& [name, arm] :
-           {std::pair{"BM_paired_aoti", second_arm::run_tensors},
-            std::pair{"BM_paired_aoti_boxed_run_only", second_arm::boxed_run},
-            std::pair{"BM_paired_aoti_boxed_loader_only", second_arm::boxed_loader}}) {
-        auto* b = benchmark::RegisterBenchmark((name + suffix).c_str(), bm_paired_aoti,
-                                               device_arg, batch, arm);
-        with_spread(b->Unit(benchmark::kMicrosecond)
-                        ->UseRealTime()
-                        ->Iterations(device_arg == 0 ? paired_calls_cpu : paired_calls_cuda),
-                    can ? paired_repetitions : 1);
-      }
-    }
+    const bool can = missing(device_for(device_arg)).empty();
+    register_t1("aoti", device_arg, can, bm_separate, bm_paired,
+                {std::pair{"BM_paired_aoti", second_arm::run_tensors},
+                 std::pair{"BM_paired_aoti_boxed_run_only", second_arm::boxed_run},
+                 std::pair{"BM_paired_aoti_boxed_loader_only", second_arm::boxed_loader}});
     for (const auto& [name, fn] : {std::pair{"BM_raw_aoti_load", &bm_aoti_load<make_raw>},
                                    std::pair{"BM_runner_aoti_load", &bm_aoti_load<make_runner>}}) {
-      auto* b = benchmark::RegisterBenchmark(
-          (std::string(name) + "/device:" + device_name).c_str(), fn, device_arg);
+      auto* b = benchmark::RegisterBenchmark((name + device).c_str(), fn, device_arg);
       with_p99(b->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(load_iterations),
                can ? load_repetitions : 1);
     }
-    auto* b = benchmark::RegisterBenchmark(("BM_paired_aoti_load/device:" + device_name).c_str(),
+    auto* b = benchmark::RegisterBenchmark(("BM_paired_aoti_load" + device).c_str(),
                                            bm_paired_aoti_load, device_arg);
     with_spread(
         b->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(paired_load_iterations),
         can ? paired_load_repetitions : 1);
   }
   // Made before the threads start: the benchmarks' threads share them.
-  const bool can_cuda = runnable(1);
+  const bool can_cuda = missing(c10::Device("cuda:0")).empty();
   if (can_cuda) {
     (void)raw_package(c10::Device("cuda:0"));
     (void)runner(c10::Device("cuda:0"));
@@ -338,16 +251,10 @@ void register_benchmarks() {
   }
 }
 
-// What the benchmarks kept for the whole run, released before CUDA's own teardown at exit.
-void teardown() {
-  runners.clear();
-  raw_packages.clear();
-}
-
 }  // namespace
 }  // namespace torchloom_bench
 
-TORCHLOOM_BENCH_MAIN(register_benchmarks, teardown)
+TORCHLOOM_BENCH_MAIN(register_benchmarks)
 
 #else
 

@@ -10,11 +10,7 @@
 // so. Before timing, the runner's outputs are checked against the raw call's: the counter
 // `bitwise` is 1 when they are equal bit for bit, and a row whose outputs differ beyond
 // rounding is skipped with an error.
-#include <torchloom/torchloom.hpp>
-
-#include <benchmark/benchmark.h>
-#include <torch/cuda.h>
-#include <torch/script.h>
+#include "bench/support/common.hpp"
 
 #if TORCHLOOM_HAS_CUDA
 #include <ATen/cuda/CUDAGraph.h>
@@ -23,22 +19,8 @@
 #include <cuda_runtime_api.h>
 #endif
 
-#include "bench/support/fixtures.hpp"
-#include "bench/support/registration.hpp"
-#include "bench/support/timing.hpp"
-
-#include <cstdint>
-#include <filesystem>
-#include <functional>
-#include <memory>
-#include <string>
-#include <utility>
-#include <vector>
-
 namespace torchloom_bench {
 namespace {
-
-namespace fs = std::filesystem;
 
 const c10::Device gpu(c10::kCUDA, 0);
 constexpr int warmup_calls = 5;  // more than graphed's eager runs before its capture
@@ -154,22 +136,15 @@ std::string missing(model_kind m, loader_kind l) {
 #if TORCHLOOM_TORCH_VERSION < 20600
   if (l == loader_kind::aoti) return "AOTInductor needs LibTorch >= 2.6";
 #endif
-  std::error_code ec;
-  if (!fs::is_regular_file(model_file(m, l), ec)) {
-    return "no model " + model_file(m, l).string() +
-           (m == model_kind::resnet18 ? "; run scripts/make_graph_fixtures.py DIR and set "
-                                        "TORCHLOOM_GRAPH_FIXTURES"
-                                      : "; run scripts/make_aoti_fixtures.py DIR and set "
-                                        "TORCHLOOM_AOTI_FIXTURES");
-  }
-  return {};
+  return no_file(model_file(m, l),
+                 m == model_kind::resnet18
+                     ? "scripts/make_graph_fixtures.py DIR and set TORCHLOOM_GRAPH_FIXTURES"
+                     : "scripts/make_aoti_fixtures.py DIR and set TORCHLOOM_AOTI_FIXTURES",
+                 "model");
 }
 
 void bm_paired_graphs(benchmark::State& state, model_kind m, loader_kind l, std::int64_t batch) {
-  if (const std::string why = missing(m, l); !why.empty()) {
-    state.SkipWithError(why.c_str());
-    return;
-  }
+  if (skip_if(state, missing(m, l))) return;
   const at::Tensor x = make_input(m, batch);
   sides s;
 #if TORCHLOOM_TORCH_VERSION >= 20600
@@ -249,10 +224,7 @@ struct hand_captured_mlp {
 };
 
 void bm_graphs_floor(benchmark::State& state, std::int64_t batch) {
-  if (const std::string why = missing(model_kind::mlp, loader_kind::torchscript); !why.empty()) {
-    state.SkipWithError(why.c_str());
-    return;
-  }
+  if (skip_if(state, missing(model_kind::mlp, loader_kind::torchscript))) return;
   hand_captured_mlp h(batch);
   sync();
   for (auto _ : state) {
@@ -272,10 +244,7 @@ void bm_graphs_floor(benchmark::State& state, std::int64_t batch) {
 // the graphed runner's replay without the runner. The counter `ceiling` is raw / this, the
 // most any such replay can gain over the raw call in this run.
 void bm_graphs_floor_fused(benchmark::State& state, std::int64_t batch) {
-  if (const std::string why = missing(model_kind::mlp, loader_kind::torchscript); !why.empty()) {
-    state.SkipWithError(why.c_str());
-    return;
-  }
+  if (skip_if(state, missing(model_kind::mlp, loader_kind::torchscript))) return;
   hand_captured_mlp h(batch);
   torch::jit::Module raw =
       torch::jit::load(model_file(model_kind::mlp, loader_kind::torchscript).string(), gpu);
@@ -334,10 +303,7 @@ void bm_graphs_floor_fused(benchmark::State& state, std::int64_t batch) {
 // whole calls (the graphed runner's run, the raw TorchScript call), which leave their GPU
 // work queued.
 void bm_graphs_host_parts(benchmark::State& state) {
-  if (const std::string why = missing(model_kind::mlp, loader_kind::torchscript); !why.empty()) {
-    state.SkipWithError(why.c_str());
-    return;
-  }
+  if (skip_if(state, missing(model_kind::mlp, loader_kind::torchscript))) return;
   const at::Tensor x = make_input(model_kind::mlp, 1);
   sides s = torchscript_sides(model_kind::mlp, x);
   for (int i = 0; i < warmup_calls; ++i) benchmark::DoNotOptimize(s.runner());
@@ -393,26 +359,14 @@ void bm_graphs_host_parts(benchmark::State& state) {
 
 void register_benchmarks() {
 #if TORCHLOOM_HAS_CUDA
-  benchmark::RegisterBenchmark("BM_graphs_host_parts/model:mlp/batch:1", bm_graphs_host_parts)
-      ->Unit(benchmark::kMicrosecond)
-      ->UseRealTime()
-      ->Iterations(20)
-      ->Repetitions(1);
+  register_once("BM_graphs_host_parts/model:mlp/batch:1", 20, bm_graphs_host_parts);
   for (const std::int64_t batch : {1, 8}) {
-    const std::string name = "BM_graphs_floor/model:mlp/batch:" + std::to_string(batch);
-    benchmark::RegisterBenchmark(name.c_str(), bm_graphs_floor, batch)
-        ->Unit(benchmark::kMicrosecond)
-        ->UseRealTime()
-        ->Iterations(3000)
-        ->Repetitions(1);
+    register_once("BM_graphs_floor/model:mlp/batch:" + std::to_string(batch), 3000,
+                  bm_graphs_floor, batch);
   }
 #if TORCHLOOM_TORCH_VERSION >= 20800
-  benchmark::RegisterBenchmark("BM_graphs_floor_fused/model:mlp/batch:1", bm_graphs_floor_fused,
-                               std::int64_t{1})
-      ->Unit(benchmark::kMicrosecond)
-      ->UseRealTime()
-      ->Iterations(3000)
-      ->Repetitions(1);
+  register_once("BM_graphs_floor_fused/model:mlp/batch:1", 3000, bm_graphs_floor_fused,
+                std::int64_t{1});
 #endif
 #endif
   for (const auto& [mname, m] : {std::pair{"mlp", model_kind::mlp},
@@ -420,21 +374,15 @@ void register_benchmarks() {
     for (const auto& [lname, l] : {std::pair{"torchscript", loader_kind::torchscript},
                                    std::pair{"aoti", loader_kind::aoti}}) {
       for (const std::int64_t batch : {1, 8, 64}) {
-        const std::string name = std::string("BM_graphs/model:") + mname +
-                                 "/loader:" + lname + "/batch:" + std::to_string(batch);
-        benchmark::RegisterBenchmark(name.c_str(), bm_paired_graphs, m, l, batch)
-            ->Unit(benchmark::kMicrosecond)
-            ->UseRealTime()
-            ->Iterations(calls_for(m, batch))
-            ->Repetitions(1);
+        const std::string name = std::string("BM_graphs/model:") + mname + "/loader:" + lname +
+                                 "/batch:" + std::to_string(batch);
+        register_once(name, calls_for(m, batch), bm_paired_graphs, m, l, batch);
       }
     }
   }
 }
 
-void teardown() {}  // nothing outlives its benchmark
-
 }  // namespace
 }  // namespace torchloom_bench
 
-TORCHLOOM_BENCH_MAIN(register_benchmarks, teardown)
+TORCHLOOM_BENCH_MAIN(register_benchmarks)

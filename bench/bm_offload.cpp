@@ -1,73 +1,46 @@
-// T4-T9 (PERF.md): weights that do not fit the device budget, streamed from pinned host
-// memory, against the ceiling and the alternatives, all in one process on cuda:0:
+// T4-T9, T11, T14 (PERF.md): weights that do not fit the device budget, streamed from pinned
+// host memory, against the ceiling and the alternatives, all in one process on cuda:0:
 //  - BM_offload_limit: pinned host-to-device bandwidth, one 1 GiB copy (the ceiling);
 //  - BM_offload/model:large: 16 bias-free linear layers of 8192 x 8192 bf16 (128 MiB each,
 //    2 GiB), y = x W_i^T in sequence, at batch 16 (transfer-bound) and 16384 (compute-bound):
-//    resident_weights, streamed_weights (budget 512 MiB: a quarter of the weights, prefetch
-//    depth 2; one layer stays resident beside a ring of three), mapped_weights (zero-copy;
-//    batch 16 only: a large product re-reads every weight over the bus many times), and a
-//    naive loop that copies each layer's weight from pageable memory with a synchronous
-//    .to() before its product (batch 16 only);
+//    resident_weights, streamed_weights (budget 512 MiB, prefetch depth 2: one layer stays
+//    resident beside a ring of three), mapped_weights (zero-copy; batch 16 only: a large
+//    product re-reads every weight over the bus), and a naive loop that copies each layer's
+//    weight from pageable memory with a synchronous .to() before its product (batch 16 only);
 //  - BM_offload/model:small_tensors: 16 layers that each concatenate 64 tensors of 64 x 4096
-//    bf16 (512 KiB each; 32 MiB a layer, 512 MiB in all) and apply the result, budget 128 MiB
-//    (T8: small weights must still move near the ceiling; a ring of 40 MiB, the rest of the
-//    budget resident);
+//    bf16 (32 MiB a layer, 512 MiB in all) and apply the result, budget 128 MiB (T8: small
+//    weights must still move near the ceiling);
 //  - BM_offload_shared/runners:8: eight shared_weights runners of the large model (T9);
-//  - BM_offload/model:large/batch:16/variant:streamed/share:{all,half} (T11): streamed_weights
-//    with a resident share of the budget, a runner of its own: a budget of all the weights
-//    (nothing copied per run; timed alternately with resident), and of half of them (the
-//    rest streams; transfer_ms, its streamed bytes at the pinned limit, is what it is held
-//    to).
+//  - .../variant:streamed/share:{all,half} (T11): streamed_weights with a resident share of
+//    the budget, a runner of its own: a budget of all the weights (nothing copied per run;
+//    timed alternately with resident), and of half of them (held to transfer_ms, its
+//    streamed bytes at the pinned limit);
 //  - BM_offload/model:large_aoti: the large model as an AOTInductor package exported for
 //    streaming (scripts/make_offload_fixture.py; TORCHLOOM_OFFLOAD_FIXTURES overrides where it
-//    is): resident and streamed (same budget and depth) at batch 16 and 16384, and the two
-//    shares; without the package (or LibTorch < 2.6) these rows report why they did not run.
-//  - BM_offload/model:llama_aoti/batch:1/variant:streamed (T14): a Llama-architecture
-//    decoder (Llama-2-7B's layer shapes, 6 layers, bf16, 2.75 GiB; scripts/
-//    make_transformer_fixtures.py, set llm) exported for streaming, prefill of 128 tokens at
-//    batch 1, streamed (budget 512 MiB) with all but 1.25 GiB of the device taken first, so
-//    that its weights exceed the free memory (exceeds_free, free_bytes); bitwise_equal is the
-//    same architecture with 1 layer, streamed against resident on the same tokens
-//    (small_bitwise_equal); accelerate's row comes from scripts/offload_peer.py --model llama.
+//    is): resident and streamed at batch 16 and 16384, and the two shares;
+//  - BM_offload/model:llama_aoti/batch:1/variant:streamed (T14): a Llama-architecture decoder
+//    (Llama-2-7B's layer shapes, 6 layers, bf16, 2.75 GiB; scripts/make_transformer_fixtures.py,
+//    set llm), prefill of 128 tokens at batch 1, streamed (budget 512 MiB) with all but
+//    1.25 GiB of the device taken first, so that its weights exceed the free memory
+//    (exceeds_free, free_bytes); small_bitwise_equal: its 1-layer twin, streamed against
+//    resident. accelerate's row comes from scripts/offload_peer.py --model llama.
 // Each forward is timed with CUDA events on the caller's stream (30 after 3 warm-up ones;
-// streamed at the large batch in blocks alternating with resident, resident_ms_paired);
-// the median is the benchmark's manual time, and median, p99, GB/s (weight bytes read per
-// forward / median; for streamed rows, the bytes copied per forward, which leaves out the
-// weights the budget keeps on the device), % of the ceiling and the budget checks are user
-// counters for scripts/report.py. Every variant's output is compared bitwise with the
-// resident run's on the same input first. Without CUDA only BM_offload_limit is registered,
-// reporting an error, and the program exits 0.
-#include <torchloom/detail/config.hpp>
-#include <torchloom/torchloom.hpp>
-
-#include <benchmark/benchmark.h>
-#include <torch/cuda.h>
-#include <torch/script.h>
+// streamed at the large batch in blocks alternating with resident: resident_ms_paired). The
+// median is the manual time; the counters are the median, p99, GB/s (weight bytes read per
+// forward, or for streamed rows the bytes copied per forward, over the median), % of the
+// ceiling and the budget checks. Every variant's output is compared bitwise with resident's
+// first. A row that cannot run (no package, LibTorch < 2.6) reports why. Without CUDA only
+// BM_offload_limit is registered, reporting an error.
+#include "bench/support/common.hpp"
+#include "tests/support/temp_dir.hpp"
 
 #if TORCHLOOM_HAS_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime.h>
+
+#include <span>
 
 #include "bench/support/cuda.hpp"
 #endif
-
-#include "bench/support/fixtures.hpp"
-
-#include "bench/support/registration.hpp"
-#include "bench/support/stats.hpp"
-#include "tests/support/temp_dir.hpp"
-
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <filesystem>
-#include <functional>
-#include <memory>
-#include <optional>
-#include <stdexcept>
-#include <string>
-#include <vector>
 
 namespace torchloom_bench {
 namespace {
@@ -77,6 +50,7 @@ namespace {
 constexpr int warmup = 3;
 constexpr int reps = 30;
 constexpr std::int64_t mib = std::int64_t{1} << 20;
+const c10::Device gpu(c10::kCUDA, 0);
 
 template <class Residency>
 using runner_type = torchloom::model_runner<torchloom::torchscript_loader, torchloom::no_hook,
@@ -94,7 +68,7 @@ class any_runner {
 template <class Runner>
 class runner_of final : public any_runner {
  public:
-  runner_of(const torchloom::model_spec& spec, c10::Device device) : runner_(spec, device) {}
+  explicit runner_of(const torchloom::model_spec& spec) : runner_(spec, gpu) {}
   at::Tensor run(const at::Tensor& x) override { return runner_.run({x})[0]; }
   torchloom::weight_memory memory() const override { return runner_.memory(); }
 
@@ -104,31 +78,29 @@ class runner_of final : public any_runner {
 
 template <class Runner>
 std::unique_ptr<any_runner> make_runner(const torchloom::model_spec& spec) {
-  return std::make_unique<runner_of<Runner>>(spec, c10::Device(c10::kCUDA, 0));
+  return std::make_unique<runner_of<Runner>>(spec);
 }
 
+// Median (nearest rank: the lower middle of an even count) and p99 of samples in ms.
 struct timing {
   double median_ms = 0;
   double p99_ms = 0;
+  explicit timing(std::vector<double> ms) {
+    std::sort(ms.begin(), ms.end());
+    median_ms = nearest_rank(ms, 0.5);
+    p99_ms = nearest_rank(ms, 0.99);
+  }
 };
 
-// Median (nearest rank: the lower middle of an even count) and p99 of samples in ms.
-timing summarise(std::vector<double> ms) {
-  std::sort(ms.begin(), ms.end());
-  return {nearest_rank(ms, 0.5), nearest_rank(ms, 0.99)};
-}
-
-// Times single calls with CUDA events on the current stream (cuda:0's) at its construction.
+// Times single calls with CUDA events on the current stream (cuda:0's) at its construction:
+// once(f) is the milliseconds of device time from before `f`'s work to after it.
 class stream_timer {
  public:
-  stream_timer() : stream_(c10::cuda::getCurrentCUDAStream(0).stream()) {}
-
-  // Milliseconds of device time from before `f`'s work to after it.
   double once(const std::function<void()>& f) { return events_.time_ms(stream_, f); }
 
  private:
-  cudaStream_t stream_;
-  event_timer events_;  // torchloom_bench's
+  cudaStream_t stream_ = c10::cuda::getCurrentCUDAStream(0).stream();
+  event_timer events_;
 };
 
 // Times `forward`: `warmup` untimed calls, then `reps`.
@@ -139,14 +111,14 @@ timing time_forward(const std::function<void()>& forward) {
     const double t = timer.once(forward);
     if (i >= warmup) ms.push_back(t);
   }
-  return summarise(ms);
+  return timing(ms);
 }
 
 // T6's pair: blocks of `block` forwards of `a`, then of `b`, until each has `reps` timed ones;
 // the first forward of each block is not timed, so each side is measured back to back (its
 // steady state) while both share the device's drift (clocks, temperature).
 std::pair<timing, timing> time_in_blocks(const std::function<void()>& a,
-                                      const std::function<void()>& b) {
+                                         const std::function<void()>& b) {
   constexpr int block = 6;
   stream_timer timer;
   std::vector<double> ta;
@@ -165,20 +137,22 @@ std::pair<timing, timing> time_in_blocks(const std::function<void()>& a,
       if (i > 0) tb.push_back(t);
     }
   }
-  return {summarise(ta), summarise(tb)};
+  return {timing(ta), timing(tb)};
 }
 
-// Random bf16 weights made on the GPU (fast) and kept on the host, scaled so activations
-// stay in range through the stack.
-at::Tensor random_weight(std::int64_t rows, std::int64_t cols, std::int64_t fan_in) {
-  const auto opts = torch::TensorOptions().device(torch::kCUDA, 0).dtype(torch::kBFloat16);
-  return (torch::randn({rows, cols}, opts) / std::sqrt(static_cast<double>(fan_in))).cpu();
+// A spec of `dir`, with streamed_weights' budget and prefetch depth when `budget_mb` > 0.
+torchloom::model_spec spec_of(const fs::path& dir, std::int64_t budget_mb = 0) {
+  auto s = torchloom::model_spec::from_directory(dir);
+  if (budget_mb > 0) {
+    s.set("WEIGHT_OFFLOAD_BUDGET_MB", std::to_string(budget_mb));
+    s.set("WEIGHT_OFFLOAD_PREFETCH_DEPTH", "2");
+  }
+  return s;
 }
 
 // One model on disk, its host weights for the naive loop, and its runners.
 struct offload_model {
-  std::string name;
-  std::filesystem::path dir;
+  fs::path dir;
   std::int64_t width = 0;
   std::int64_t weight_bytes = 0;
   std::int64_t budget_mb = 0;
@@ -188,35 +162,29 @@ struct offload_model {
   std::unique_ptr<any_runner> mapped;
   // A streamed_weights runner of this model under another spec (T11's budgets).
   std::unique_ptr<any_runner> (*make_streamed)(const torchloom::model_spec&) = nullptr;
-
-  torchloom::model_spec spec() const { return torchloom::model_spec::from_directory(dir); }
-  torchloom::model_spec streamed_spec(std::int64_t mb = 0) const {
-    auto s = spec();
-    s.set("WEIGHT_OFFLOAD_BUDGET_MB", std::to_string(mb > 0 ? mb : budget_mb));
-    s.set("WEIGHT_OFFLOAD_PREFETCH_DEPTH", "2");
-    return s;
-  }
 };
 
 // layers x (pieces tensors of rows x width), a layer applying their concatenation (pieces x
-// rows must equal width): y = x cat(W)^T.
-std::unique_ptr<offload_model> make_model(const std::filesystem::path& root, std::string name,
+// rows must equal width): y = x cat(W)^T. Random bf16 weights made on the GPU (fast) and kept
+// on the host, scaled so activations stay in range through the stack.
+std::unique_ptr<offload_model> make_model(const fs::path& root, const std::string& name,
                                           int layer_count, int pieces, std::int64_t width,
                                           std::int64_t budget_mb) {
   auto m = std::make_unique<offload_model>();
-  m->name = std::move(name);
-  m->dir = root / m->name;
+  m->dir = root / name;
   m->width = width;
   m->budget_mb = budget_mb;
-  const std::int64_t rows = width / pieces;
-  torch::jit::Module top("offload_" + m->name);
+  const auto on_gpu = torch::TensorOptions().device(gpu).dtype(torch::kBFloat16);
+  torch::jit::Module top("offload_" + name);
   std::string code = "def forward(self, x):\n";
   for (int l = 0; l < layer_count; ++l) {
     torch::jit::Module layer("layer");
     std::vector<at::Tensor> weights;
     std::string list;
     for (int p = 0; p < pieces; ++p) {
-      weights.push_back(random_weight(rows, width, width));
+      weights.push_back(
+          (torch::randn({width / pieces, width}, on_gpu) / std::sqrt(static_cast<double>(width)))
+              .cpu());
       const std::string attr = pieces == 1 ? "weight" : "w" + std::to_string(p);
       layer.register_parameter(attr, weights.back(), false);
       list += (p == 0 ? "self." : ", self.") + attr;
@@ -229,14 +197,13 @@ std::unique_ptr<offload_model> make_model(const std::filesystem::path& root, std
     code += "    x = self.l" + std::to_string(l) + ".forward(x)\n";
     m->layers.push_back(std::move(weights));
   }
-  code += "    return x\n";
-  top.define(code);
-  std::filesystem::create_directories(m->dir / "1");
+  top.define(code + "    return x\n");
+  fs::create_directories(m->dir / "1");
   top.save((m->dir / "1" / "model.pt").string());
   m->make_streamed = make_runner<runner_type<torchloom::streamed_weights>>;
-  m->resident = make_runner<runner_type<torchloom::resident_weights>>(m->spec());
-  m->streamed = m->make_streamed(m->streamed_spec());
-  m->mapped = make_runner<runner_type<torchloom::mapped_weights>>(m->spec());
+  m->resident = make_runner<runner_type<torchloom::resident_weights>>(spec_of(m->dir));
+  m->streamed = m->make_streamed(spec_of(m->dir, budget_mb));
+  m->mapped = make_runner<runner_type<torchloom::mapped_weights>>(spec_of(m->dir));
   return m;
 }
 
@@ -245,67 +212,56 @@ template <class Residency>
 using package_runner = torchloom::model_runner<torchloom::aoti_loader, torchloom::no_hook,
                                                torchloom::caller_stream, Residency>;
 
-// The package twin of the large model, made by scripts/make_offload_fixture.py (exported by
-// torchloom_export with offload on): its resident and streamed runners, same budget and
-// depth.
-std::unique_ptr<offload_model> load_package_model(std::string name, std::int64_t width,
-                                                  std::int64_t budget_mb) {
-  auto m = std::make_unique<offload_model>();
-  m->name = std::move(name);
-  m->dir = env_or("TORCHLOOM_OFFLOAD_FIXTURES", TORCHLOOM_OFFLOAD_FIXTURE_DIR) / m->name;
-  m->width = width;
-  m->budget_mb = budget_mb;
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(m->dir / "1" / "model.pt2", ec)) {
-    throw std::runtime_error("no package " + (m->dir / "1" / "model.pt2").string() +
-                             "; run scripts/make_offload_fixture.py (or set "
-                             "TORCHLOOM_OFFLOAD_FIXTURES)");
-  }
-  m->make_streamed = make_runner<package_runner<torchloom::streamed_weights>>;
-  m->resident = make_runner<package_runner<torchloom::resident_weights>>(m->spec());
-  m->weight_bytes = m->resident->memory().device_bytes;
-  m->streamed = m->make_streamed(m->streamed_spec());
-  return m;
+// A package of scripts/make_offload_fixture.py or make_transformer_fixtures.py (`how`); throws
+// without it.
+fs::path package_dir(const std::string& name, const std::string& how) {
+  const auto dir = env_or("TORCHLOOM_OFFLOAD_FIXTURES", TORCHLOOM_OFFLOAD_FIXTURE_DIR) / name;
+  const std::string why = no_file(dir / "1" / "model.pt2",
+                                  how + " (or set TORCHLOOM_OFFLOAD_FIXTURES)");
+  if (!why.empty()) throw std::runtime_error(why);
+  return dir;
 }
 #endif
 
-double measure_limit_gbps() {
-  const std::int64_t bytes = 1024 * mib;
-  const auto bytes_type = torch::TensorOptions().dtype(torch::kUInt8);
-  auto host = torch::empty({bytes}, bytes_type.pinned_memory(true));
-  host.fill_(1);
-  auto device = torch::empty({bytes}, bytes_type.device(torch::kCUDA, 0));
-  const auto t = time_forward([&] { device.copy_(host, /*non_blocking=*/true); });
-  return static_cast<double>(bytes) / (t.median_ms * 1e-3) / 1e9;
+// The package twin of the large model (exported by torchloom_export with offload on): its
+// resident and streamed runners, same budget and depth.
+std::unique_ptr<offload_model> load_large_package() {
+#if TORCHLOOM_TORCH_VERSION >= 20600
+  auto m = std::make_unique<offload_model>();
+  m->dir = package_dir("large_aoti", "scripts/make_offload_fixture.py");
+  m->width = 8192;
+  m->budget_mb = 512;
+  m->make_streamed = make_runner<package_runner<torchloom::streamed_weights>>;
+  m->resident = make_runner<package_runner<torchloom::resident_weights>>(spec_of(m->dir));
+  m->weight_bytes = m->resident->memory().device_bytes;
+  m->streamed = m->make_streamed(spec_of(m->dir, m->budget_mb));
+  return m;
+#else
+  throw std::runtime_error("the package rows need LibTorch >= 2.6 (aoti_loader)");
+#endif
 }
 
-// Everything the benchmarks share, built on first use and destroyed by main() before exit.
+// Everything the benchmarks share, built on first use and kept for the whole run.
 struct fixture {
   torchloom_test::temp_dir dir{"bm_offload"};
-  double limit_gbps = 0;
+  double limit_gbps = 0;  // the pinned host-to-device bandwidth of a 1 GiB copy
   std::unique_ptr<offload_model> large;
   std::unique_ptr<offload_model> small;
   std::unique_ptr<offload_model> package;  // large_aoti, on first use
 
-  // The package model, loaded on first use; throws (the row's error) without it.
-  offload_model& large_package() {
-#if TORCHLOOM_TORCH_VERSION >= 20600
-    if (!package) package = load_package_model("large_aoti", 8192, 512);
-    return *package;
-#else
-    throw std::runtime_error("the package rows need LibTorch >= 2.6 (aoti_loader)");
-#endif
-  }
-
-  static std::unique_ptr<fixture>& instance() {
-    static std::unique_ptr<fixture> f;
-    return f;
-  }
   static fixture& get() {
-    auto& f = instance();
+    static std::unique_ptr<fixture> f;
     if (!f) {
       f = std::make_unique<fixture>();
-      f->limit_gbps = measure_limit_gbps();
+      at_teardown().push_back([] { f.reset(); });
+      f->limit_gbps = [] {
+        const auto bytes = torch::TensorOptions().dtype(torch::kUInt8);
+        auto host = torch::empty({1024 * mib}, bytes.pinned_memory(true));
+        host.fill_(1);
+        auto device = torch::empty({1024 * mib}, bytes.device(gpu));
+        const timing t = time_forward([&] { device.copy_(host, /*non_blocking=*/true); });
+        return static_cast<double>(1024 * mib) / (t.median_ms * 1e-3) / 1e9;
+      }();
       f->large = make_model(f->dir.path(), "large", 16, 1, 8192, 512);
       f->small = make_model(f->dir.path(), "small_tensors", 16, 64, 4096, 128);
     }
@@ -315,54 +271,54 @@ struct fixture {
 
 at::Tensor input(const offload_model& m, std::int64_t batch) {
   torch::manual_seed(batch);
-  return torch::randn({batch, m.width},
-                      torch::TensorOptions().device(torch::kCUDA, 0).dtype(torch::kBFloat16));
+  return torch::randn({batch, m.width}, torch::TensorOptions().device(gpu).dtype(torch::kBFloat16));
 }
 
-// `moved`: the bytes a forward moves to the device (its weights, or what streamed_weights
-// copies of them).
-void report(benchmark::State& state, const timing& t, const offload_model& m, double limit,
+// The counters of a timed row. `moved`: the bytes a forward moves to the device (its weights,
+// or what streamed_weights copies of them).
+void report(benchmark::State& state, const timing& t, std::int64_t weight_bytes, double limit,
             bool equal, std::int64_t moved) {
   state.SetIterationTime(t.median_ms * 1e-3);
   const double gbps = static_cast<double>(moved) / (t.median_ms * 1e-3) / 1e9;
-  state.counters["ms_median"] = t.median_ms;
-  state.counters["ms_p99"] = t.p99_ms;
-  state.counters["reps"] = reps;
-  state.counters["weight_bytes"] = static_cast<double>(m.weight_bytes);
-  state.counters["gbps"] = gbps;
-  state.counters["pct_of_limit"] = 100.0 * gbps / limit;
-  state.counters["bitwise_equal"] = equal ? 1 : 0;
+  set_counters(state, {{"ms_median", t.median_ms},
+                       {"ms_p99", t.p99_ms},
+                       {"reps", reps},
+                       {"weight_bytes", static_cast<double>(weight_bytes)},
+                       {"gbps", gbps},
+                       {"pct_of_limit", 100.0 * gbps / limit},
+                       {"bitwise_equal", equal ? 1 : 0}});
 }
 
 // streamed_weights' memory: the budget checks (T7) and the split of the budget.
 void streamed_counters(benchmark::State& state, const torchloom::weight_memory& mem) {
-  state.counters["budget_bytes"] = static_cast<double>(mem.budget_bytes);
-  state.counters["high_water_bytes"] = static_cast<double>(mem.high_water_bytes);
-  state.counters["violations"] = static_cast<double>(mem.budget_violations);
-  state.counters["resident_bytes"] = static_cast<double>(mem.resident_bytes);
-  state.counters["streamed_bytes"] = static_cast<double>(mem.streamed_bytes);
+  set_counters(state, {{"budget_bytes", static_cast<double>(mem.budget_bytes)},
+                       {"high_water_bytes", static_cast<double>(mem.high_water_bytes)},
+                       {"violations", static_cast<double>(mem.budget_violations)},
+                       {"resident_bytes", static_cast<double>(mem.resident_bytes)},
+                       {"streamed_bytes", static_cast<double>(mem.streamed_bytes)}});
 }
 
 enum class variant { resident, streamed, mapped, naive };
-
 enum class model_kind { large, small_tensors, large_package };
+// T11: none, or streamed_weights with a budget of all the weights or half of them.
+enum class share { none, all, half };
 
-const offload_model& model_of(fixture& f, model_kind k) {
-  switch (k) {
-    case model_kind::large:
-      return *f.large;
-    case model_kind::small_tensors:
-      return *f.small;
-    case model_kind::large_package:
-      return f.large_package();
-  }
-  throw std::logic_error("model_of: unknown model");
-}
-
-void BM_offload(benchmark::State& state, model_kind which, std::int64_t batch, variant v) {
-  try {
+// One row: the model at `batch` under `v` (and, with a share, T11's runner, built here; it
+// goes at the end, with its device memory).
+void bm_offload(benchmark::State& state, model_kind which, std::int64_t batch, variant v,
+                share s) {
+  guarded(state, [&] {
     auto& f = fixture::get();
-    const offload_model& m = model_of(f, which);
+    if (which == model_kind::large_package && !f.package) f.package = load_large_package();
+    const offload_model& m = which == model_kind::large           ? *f.large
+                             : which == model_kind::small_tensors ? *f.small
+                                                                  : *f.package;
+    std::unique_ptr<any_runner> shared;
+    if (s != share::none) {
+      const std::int64_t bytes = s == share::all ? m.weight_bytes : m.weight_bytes / 2;
+      shared = m.make_streamed(spec_of(m.dir, (bytes + mib - 1) / mib));
+    }
+    any_runner* streamed = shared ? shared.get() : m.streamed.get();
     const at::Tensor x = input(m, batch);
     const at::Tensor want = m.resident->run(x);
     std::function<at::Tensor()> forward;
@@ -371,7 +327,7 @@ void BM_offload(benchmark::State& state, model_kind which, std::int64_t batch, v
         forward = [&] { return m.resident->run(x); };
         break;
       case variant::streamed:
-        forward = [&] { return m.streamed->run(x); };
+        forward = [&] { return streamed->run(x); };
         break;
       case variant::mapped:
         forward = [&] { return m.mapped->run(x); };
@@ -389,79 +345,50 @@ void BM_offload(benchmark::State& state, model_kind which, std::int64_t batch, v
         break;
     }
     const bool equal = torch::equal(forward(), want);
-    // T6 (streamed against resident when compute-bound) is a ratio of two long runs: timed
-    // in alternating blocks so that both see the same clocks.
-    const bool paired = v == variant::streamed && batch > 16;
+    // T6 (streamed against resident when compute-bound) and T11's share:all (against
+    // resident) are ratios of two runs: timed in alternating blocks, so that both see the
+    // same clocks.
+    const bool paired = (v == variant::streamed && batch > 16) || s == share::all;
     const std::int64_t moved =
-        v == variant::streamed ? m.streamed->memory().streamed_bytes : m.weight_bytes;
+        v == variant::streamed ? streamed->memory().streamed_bytes : m.weight_bytes;
+    // The timed forward (a share's runner is called directly).
+    const std::function<void()> timed =
+        s != share::none ? std::function<void()>([&] { (void)streamed->run(x); })
+                         : [&] { (void)forward(); };
     for (auto _ : state) {
       if (paired) {
-        const auto [t, resident] = time_in_blocks([&] { (void)forward(); },
-                                               [&] { (void)m.resident->run(x); });
-        report(state, t, m, f.limit_gbps, equal, moved);
+        const auto [t, resident] = time_in_blocks(timed, [&] { (void)m.resident->run(x); });
+        report(state, t, m.weight_bytes, f.limit_gbps, equal, moved);
         state.counters["resident_ms_paired"] = resident.median_ms;
       } else {
-        report(state, time_forward([&] { (void)forward(); }), m, f.limit_gbps, equal, moved);
+        report(state, time_forward(timed), m.weight_bytes, f.limit_gbps, equal, moved);
+        if (s == share::half) {
+          state.counters["transfer_ms"] = static_cast<double>(moved) / (f.limit_gbps * 1e9) * 1e3;
+        }
       }
     }
-    if (v == variant::streamed) streamed_counters(state, m.streamed->memory());
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-  }
+    if (v == variant::streamed) streamed_counters(state, streamed->memory());
+  });
 }
 
-// T11: the large model at batch 16 under streamed_weights with a budget of all its weights
-// (`all`: every weight stays, nothing is copied per run; timed alternately with resident) or
-// of half of them (the other half streams: held to transfer_ms, its streamed bytes at the
-// pinned limit). The runner is built here and goes at the end, with its device memory.
-void BM_offload_share(benchmark::State& state, model_kind which, bool all) {
-  try {
-    auto& f = fixture::get();
-    const offload_model& m = model_of(f, which);
-    const std::int64_t budget_mb = ((all ? m.weight_bytes : m.weight_bytes / 2) + mib - 1) / mib;
-    const auto streamed_runner = m.make_streamed(m.streamed_spec(budget_mb));
-    any_runner& streamed = *streamed_runner;
-    const at::Tensor x = input(m, 16);
-    const bool equal = torch::equal(streamed.run(x), m.resident->run(x));
-    const auto forward = [&] { (void)streamed.run(x); };
-    const std::int64_t moved = streamed.memory().streamed_bytes;
-    for (auto _ : state) {
-      if (all) {
-        const auto [t, resident] = time_in_blocks(forward, [&] { (void)m.resident->run(x); });
-        report(state, t, m, f.limit_gbps, equal, moved);
-        state.counters["resident_ms_paired"] = resident.median_ms;
-      } else {
-        report(state, time_forward(forward), m, f.limit_gbps, equal, moved);
-        state.counters["transfer_ms"] = static_cast<double>(moved) / (f.limit_gbps * 1e9) * 1e3;
-      }
-    }
-    streamed_counters(state, streamed.memory());
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-  }
-}
-
-void BM_offload_limit(benchmark::State& state) {
-  try {
+void bm_offload_limit(benchmark::State& state) {
+  guarded(state, [&] {
     auto& f = fixture::get();
     for (auto _ : state) state.SetIterationTime(1024.0 * mib / (f.limit_gbps * 1e9));
-    state.counters["gbps"] = f.limit_gbps;
-    state.counters["bytes"] = static_cast<double>(1024 * mib);
-    state.counters["ms_median"] = 1024.0 * mib / (f.limit_gbps * 1e9) * 1e3;
-    state.counters["reps"] = reps;
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-  }
+    set_counters(state, {{"gbps", f.limit_gbps},
+                         {"bytes", static_cast<double>(1024 * mib)},
+                         {"ms_median", 1024.0 * mib / (f.limit_gbps * 1e9) * 1e3},
+                         {"reps", reps}});
+  });
 }
 
 // T9: eight shared runners of the large model hold one copy of its weights. A, the memory a
 // run needs besides the weights, is measured on the resident runner; the eight runners are
 // then built, run once each (outputs kept), and the allocator's peak over that is compared
 // with W + 8 A.
-void BM_offload_shared(benchmark::State& state) {
-  try {
-    auto& f = fixture::get();
-    const offload_model& m = *f.large;
+void bm_offload_shared(benchmark::State& state) {
+  guarded(state, [&] {
+    const offload_model& m = *fixture::get().large;
     const at::Tensor x = input(m, 16);
     namespace alloc = c10::cuda::CUDACachingAllocator;
     const auto current = [] { return alloc::getDeviceStats(0).allocated_bytes[0].current; };
@@ -479,82 +406,43 @@ void BM_offload_shared(benchmark::State& state) {
       std::vector<std::unique_ptr<runner_type<torchloom::shared_weights>>> runners;
       std::vector<at::Tensor> outputs;
       for (int i = 0; i < 8; ++i) {
-        runners.push_back(std::make_unique<runner_type<torchloom::shared_weights>>(
-            m.spec(), c10::Device(c10::kCUDA, 0)));
+        runners.push_back(
+            std::make_unique<runner_type<torchloom::shared_weights>>(spec_of(m.dir), gpu));
         outputs.push_back(runners.back()->run({x})[0]);
       }
       check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
       const std::int64_t used = peak() - before;
       state.SetIterationTime(1e-3);
-      state.counters["weight_bytes"] = static_cast<double>(weights);
-      state.counters["activation_bytes"] = static_cast<double>(activation);
-      state.counters["device_bytes"] = static_cast<double>(used);
-      state.counters["bound_bytes"] = static_cast<double>(weights + 8 * activation);
-      // How many of the runners hold the first one's model (all eight, when shared).
+      // use_count: how many of the runners hold the first one's model (all eight, when shared).
       int sharing = 0;
       for (const auto& r : runners) sharing += &r->model() == &runners.front()->model() ? 1 : 0;
-      state.counters["use_count"] = sharing;
+      set_counters(state, {{"weight_bytes", static_cast<double>(weights)},
+                           {"activation_bytes", static_cast<double>(activation)},
+                           {"device_bytes", static_cast<double>(used)},
+                           {"bound_bytes", static_cast<double>(weights + 8 * activation)},
+                           {"use_count", sharing}});
     }
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-  }
+  });
 }
-
-#if TORCHLOOM_TORCH_VERSION >= 20600
-// T14: the decoder's fixtures, its budget and its prompt.
-constexpr std::int64_t llm_budget_mb = 512;
-constexpr std::int64_t llm_tokens = 128;
-constexpr std::int64_t llm_vocabulary = 32000;
-
-std::filesystem::path llm_fixture(const std::string& name) {
-  const auto dir = env_or("TORCHLOOM_OFFLOAD_FIXTURES", TORCHLOOM_OFFLOAD_FIXTURE_DIR) / name;
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(dir / "1" / "model.pt2", ec)) {
-    throw std::runtime_error("no package " + (dir / "1" / "model.pt2").string() +
-                             "; run scripts/make_transformer_fixtures.py DIR llm (or set "
-                             "TORCHLOOM_OFFLOAD_FIXTURES)");
-  }
-  return dir;
-}
-
-torchloom::model_spec llm_spec(const std::filesystem::path& dir, bool streamed) {
-  auto s = torchloom::model_spec::from_directory(dir);
-  if (streamed) {
-    s.set("WEIGHT_OFFLOAD_BUDGET_MB", std::to_string(llm_budget_mb));
-    s.set("WEIGHT_OFFLOAD_PREFETCH_DEPTH", "2");
-  }
-  return s;
-}
-
-// Device memory taken outside torch's allocator while it lives.
-class device_taken {
- public:
-  explicit device_taken(std::size_t bytes) {
-    check_cuda(cudaMalloc(&p_, bytes), "cudaMalloc (taking the device's free memory)");
-  }
-  device_taken(const device_taken&) = delete;
-  device_taken& operator=(const device_taken&) = delete;
-  ~device_taken() { (void)cudaFree(p_); }
-
- private:
-  void* p_ = nullptr;
-};
 
 // T14: the decoder streamed at batch 1 and 128 tokens while its weights exceed the device's
 // free memory; the 1-layer twin bitwise against resident first.
-void BM_offload_llm(benchmark::State& state) {
-  try {
+void bm_offload_llm(benchmark::State& state) {
+#if TORCHLOOM_TORCH_VERSION >= 20600
+  constexpr std::int64_t llm_budget_mb = 512;
+  constexpr std::int64_t llm_tokens = 128;
+  guarded(state, [&] {
     auto& f = fixture::get();
-    const auto big = llm_fixture("llama_offload");
-    const auto small = llm_fixture("llama_offload_small");
-    const c10::Device gpu(c10::kCUDA, 0);
+    const std::string how = "scripts/make_transformer_fixtures.py DIR llm";
+    const auto big = package_dir("llama_offload", how);
+    const auto small = package_dir("llama_offload_small", how);
     torch::manual_seed(14);
-    const at::Tensor ids = torch::randint(
-        1, llm_vocabulary, {1, llm_tokens}, torch::TensorOptions().dtype(torch::kLong).device(gpu));
+    const at::Tensor ids = torch::randint(1, 32000, {1, llm_tokens},
+                                          torch::TensorOptions().dtype(torch::kLong).device(gpu));
     bool small_equal = false;
     {
-      package_runner<torchloom::resident_weights> resident(llm_spec(small, false), gpu);
-      package_runner<torchloom::streamed_weights> streamed(llm_spec(small, true), gpu);
+      package_runner<torchloom::resident_weights> resident(spec_of(small), gpu);
+      package_runner<torchloom::streamed_weights> streamed(spec_of(small, llm_budget_mb), gpu);
       const at::Tensor want = resident.run({ids})[0];
       small_equal = torch::equal(streamed.run({ids})[0], want);
       small_equal = torch::equal(streamed.run({ids})[0], want) && small_equal;
@@ -564,8 +452,7 @@ void BM_offload_llm(benchmark::State& state) {
     std::size_t free = 0;
     std::size_t total = 0;
     check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
-    const auto file_bytes =
-        static_cast<std::int64_t>(std::filesystem::file_size(big / "1" / "weights.pt"));
+    const auto file_bytes = static_cast<std::int64_t>(fs::file_size(big / "1" / "weights.pt"));
     // What is left: the arena, the first run's temporary copies and the activations fit; the
     // weights do not.
     const std::int64_t left = std::min<std::int64_t>(1280 * mib, file_bytes / 2);
@@ -573,93 +460,72 @@ void BM_offload_llm(benchmark::State& state) {
       throw std::runtime_error("the device has only " + std::to_string(free >> 20) +
                                " MiB free before the decoder loads");
     }
-    const device_taken taken(free - static_cast<std::size_t>(left));
+    // Device memory taken outside torch's allocator while the row runs.
+    void* taken = nullptr;
+    check_cuda(cudaMalloc(&taken, free - static_cast<std::size_t>(left)),
+               "cudaMalloc (taking the device's free memory)");
+    const std::shared_ptr<void> give_back(taken, [](void* p) { (void)cudaFree(p); });
     check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
     const auto free_at_load = static_cast<std::int64_t>(free);
-    auto streamed =
-        std::make_unique<package_runner<torchloom::streamed_weights>>(llm_spec(big, true), gpu);
+    auto streamed = std::make_unique<package_runner<torchloom::streamed_weights>>(
+        spec_of(big, llm_budget_mb), gpu);
     // The pinned host bytes that hold the weights (each padded to 256 bytes): W.
     const std::int64_t weights = streamed->memory().host_bytes;
     at::Tensor out;
-    const auto forward = [&] { out = streamed->run({ids})[0]; };
     for (auto _ : state) {
-      const timing t = time_forward(forward);
-      const std::int64_t moved = streamed->memory().streamed_bytes;
-      const double gbps = static_cast<double>(moved) / (t.median_ms * 1e-3) / 1e9;
-      state.SetIterationTime(t.median_ms * 1e-3);
-      state.counters["ms_median"] = t.median_ms;
-      state.counters["ms_p99"] = t.p99_ms;
-      state.counters["reps"] = reps;
-      state.counters["tokens"] = static_cast<double>(llm_tokens);
-      state.counters["weight_bytes"] = static_cast<double>(weights);
-      state.counters["gbps"] = gbps;
-      state.counters["pct_of_limit"] = 100.0 * gbps / f.limit_gbps;
-      state.counters["bitwise_equal"] = small_equal ? 1 : 0;
-      state.counters["small_bitwise_equal"] = small_equal ? 1 : 0;
-      state.counters["free_bytes"] = static_cast<double>(free_at_load);
-      state.counters["exceeds_free"] = weights > free_at_load ? 1 : 0;
-      state.counters["finite"] = torch::isfinite(out).all().item<bool>() ? 1 : 0;
+      const timing t = time_forward([&] { out = streamed->run({ids})[0]; });
+      report(state, t, weights, f.limit_gbps, small_equal, streamed->memory().streamed_bytes);
+      set_counters(state, {{"tokens", static_cast<double>(llm_tokens)},
+                           {"small_bitwise_equal", small_equal ? 1 : 0},
+                           {"free_bytes", static_cast<double>(free_at_load)},
+                           {"exceeds_free", weights > free_at_load ? 1 : 0},
+                           {"finite", torch::isfinite(out).all().item<bool>() ? 1 : 0}});
     }
     streamed_counters(state, streamed->memory());
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
+  });
+#else
+  for (auto _ : state) {
   }
+  state.SkipWithError("the package rows need LibTorch >= 2.6 (aoti_loader)");
+#endif
 }
 
-#endif
-
 void register_all() {
-  const auto add = [](const std::string& name, auto fn) {
-    benchmark::RegisterBenchmark(name.c_str(), fn)->Iterations(1)->UseManualTime()->Unit(
-        benchmark::kMillisecond);
+  const auto add = [](const std::string& name, auto fn, auto... args) {
+    benchmark::RegisterBenchmark(name.c_str(), fn, args...)
+        ->Iterations(1)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
   };
-  add("BM_offload_limit", BM_offload_limit);
-  struct row {
-    const char* name;
-    variant v;
+  using enum variant;
+  using enum model_kind;
+  const std::pair<const char*, variant> all_variants[] = {
+      {"resident", resident}, {"streamed", streamed}, {"mapped", mapped}, {"naive", naive}};
+  const auto row = [&](const char* model, model_kind k, std::int64_t batch, const char* name,
+                       variant v, share s = share::none, const char* suffix = "") {
+    add(std::string("BM_offload/model:") + model + "/batch:" + std::to_string(batch) +
+            "/variant:" + name + suffix,
+        bm_offload, k, batch, v, s);
   };
-  for (const row r : {row{"resident", variant::resident}, row{"streamed", variant::streamed},
-                      row{"mapped", variant::mapped}, row{"naive", variant::naive}}) {
-    add(std::string("BM_offload/model:large/batch:16/variant:") + r.name,
-        [v = r.v](benchmark::State& s) { BM_offload(s, model_kind::large, 16, v); });
-    add(std::string("BM_offload/model:small_tensors/batch:16/variant:") + r.name,
-        [v = r.v](benchmark::State& s) { BM_offload(s, model_kind::small_tensors, 16, v); });
+  add("BM_offload_limit", bm_offload_limit);
+  for (const auto& [name, v] : all_variants) {
+    row("large", large, 16, name, v);
+    row("small_tensors", small_tensors, 16, name, v);
   }
-  for (const row r : {row{"resident", variant::resident}, row{"streamed", variant::streamed}}) {
-    add(std::string("BM_offload/model:large/batch:16384/variant:") + r.name,
-        [v = r.v](benchmark::State& s) { BM_offload(s, model_kind::large, 16384, v); });
-  }
-  add("BM_offload_shared/runners:8", BM_offload_shared);
-  for (const bool all : {true, false}) {
-    add(std::string("BM_offload/model:large/batch:16/variant:streamed/share:") +
-            (all ? "all" : "half"),
-        [all](benchmark::State& s) { BM_offload_share(s, model_kind::large, all); });
-  }
-  // The same model as an AOTInductor package (T4, T6, T11 for packages): resident and
-  // streamed at both batches, and the two resident shares.
+  for (const auto& [name, v] : std::span(all_variants, 2)) row("large", large, 16384, name, v);
+  add("BM_offload_shared/runners:8", bm_offload_shared);
+  row("large", large, 16, "streamed", streamed, share::all, "/share:all");
+  row("large", large, 16, "streamed", streamed, share::half, "/share:half");
+  // The same model as an AOTInductor package (T4, T6, T11 for packages).
   for (const std::int64_t batch : {16, 16384}) {
-    for (const row r : {row{"resident", variant::resident}, row{"streamed", variant::streamed}}) {
-      add("BM_offload/model:large_aoti/batch:" + std::to_string(batch) + "/variant:" + r.name,
-          [v = r.v, batch](benchmark::State& s) {
-            BM_offload(s, model_kind::large_package, batch, v);
-          });
+    for (const auto& [name, v] : std::span(all_variants, 2)) {
+      row("large_aoti", large_package, batch, name, v);
     }
   }
-  for (const bool all : {true, false}) {
-    add(std::string("BM_offload/model:large_aoti/batch:16/variant:streamed/share:") +
-            (all ? "all" : "half"),
-        [all](benchmark::State& s) { BM_offload_share(s, model_kind::large_package, all); });
-  }
+  row("large_aoti", large_package, 16, "streamed", streamed, share::all, "/share:all");
+  row("large_aoti", large_package, 16, "streamed", streamed, share::half, "/share:half");
   // T14: an LLM larger than the device's free memory.
-  add("BM_offload/model:llama_aoti/batch:1/variant:streamed", [](benchmark::State& s) {
-#if TORCHLOOM_TORCH_VERSION >= 20600
-    BM_offload_llm(s);
-#else
-    for (auto _ : s) {
-    }
-    s.SkipWithError("the package rows need LibTorch >= 2.6 (aoti_loader)");
-#endif
-  });
+  add("BM_offload/model:llama_aoti/batch:1/variant:streamed", bm_offload_llm);
 }
 
 #else
@@ -674,14 +540,7 @@ void register_all() {
 
 #endif
 
-// The models and runners, destroyed before CUDA's own teardown at exit.
-void teardown() {
-#if TORCHLOOM_HAS_CUDA
-  fixture::instance().reset();
-#endif
-}
-
 }  // namespace
 }  // namespace torchloom_bench
 
-TORCHLOOM_BENCH_MAIN(register_all, teardown)
+TORCHLOOM_BENCH_MAIN(register_all)

@@ -13,33 +13,13 @@
 //    events measure the device's work and the cross-stream hops, not the CPU's launch gaps (a
 //    tiny model's kernels are otherwise spaced by the CPU launching them).
 // Each policy's output is checked bitwise against caller_stream's before it is timed.
-#include <torchloom/detail/config.hpp>
-#include <torchloom/torchloom.hpp>
-
-#include <benchmark/benchmark.h>
-#include <torch/cuda.h>
-#include <torch/script.h>
+#include "bench/support/common.hpp"
 
 #if TORCHLOOM_HAS_CUDA
 #include "bench/support/cuda.hpp"
 #endif
 
-#include "bench/support/fixtures.hpp"
-#include "bench/support/registration.hpp"
-#include "bench/support/stats.hpp"
-#include "bench/support/timing.hpp"
-
-#include <atomic>
-#include <chrono>
-#include <cstdint>
-#include <exception>
-#include <functional>
-#include <optional>
-#include <stdexcept>
-#include <string>
 #include <type_traits>
-#include <utility>
-#include <vector>
 
 namespace torchloom_bench {
 namespace {
@@ -68,14 +48,6 @@ template <>
 constexpr bool needs_sm_count<torchloom::green_context_stream> = true;
 #endif
 
-// Runners are built once per process (a load and the executor's profiling runs are not what
-// T2 measures) and destroyed by main() before it returns, so no CUDA tensor outlives the CUDA
-// runtime's own teardown at exit.
-std::vector<std::function<void()>>& cleanups() {
-  static std::vector<std::function<void()>> c;
-  return c;
-}
-
 void sync_current_stream() {
   check_cuda(cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream(0).stream()),
              "cudaStreamSynchronize");
@@ -86,7 +58,8 @@ std::vector<c10::IValue> make_inputs() {
   return {bundled_input(c10::Device(c10::kCUDA, 0), batch)};
 }
 
-// The runner for policy S, built on first use; nullptr (and `error` set) when it cannot be.
+// The runner for policy S, built on first use and kept (a load and the executor's profiling
+// runs are not what T2 measures); nullptr (and `error` set) when it cannot be built.
 template <class S>
 runner_type<S>* runner(std::string& error) {
   static built_once<runner_type<S>> slot;
@@ -94,7 +67,6 @@ runner_type<S>* runner(std::string& error) {
     auto spec = torchloom::model_spec::from_directory(TORCHLOOM_BUNDLED_MODEL_DIR);
     if constexpr (needs_sm_count<S>) spec.set("GREEN_CONTEXT_SM_COUNT", green_sm_count);
     r.emplace(std::move(spec), c10::Device(c10::kCUDA, 0));
-    cleanups().push_back([] { slot.reset(); });
     const std::vector<c10::IValue> inputs = make_inputs();
     for (int i = 0; i < process_warmup_calls; ++i) r->run(inputs);
     sync_current_stream();
@@ -173,22 +145,13 @@ struct samples {
 // (for adaptive_stream, which then stays on it). For S = caller_stream there is only one side.
 template <class S>
 void bm_policy(benchmark::State& state, bool caller_on_side_stream) {
-  if (!torch::cuda::is_available()) {
-    state.SkipWithError("no CUDA device");
-    return;
-  }
+  if (skip_if(state, no_device(c10::Device(c10::kCUDA, 0)))) return;
   constexpr bool paired = !std::is_same_v<S, torchloom::caller_stream>;
   std::string error;
   auto* base = runner<torchloom::caller_stream>(error);
-  if (base == nullptr) {
-    state.SkipWithError(("caller_stream runner: " + error).c_str());
-    return;
-  }
+  if (skip_if(state, base == nullptr ? "caller_stream runner: " + error : "")) return;
   auto* policy = runner<S>(error);
-  if (policy == nullptr) {
-    state.SkipWithError(("policy runner: " + error).c_str());
-    return;
-  }
+  if (skip_if(state, policy == nullptr ? "policy runner: " + error : "")) return;
   std::optional<c10::cuda::CUDAStreamGuard> guard;
   if (caller_on_side_stream) guard.emplace(side_stream());
   try {
@@ -253,18 +216,12 @@ void bm_policy(benchmark::State& state, bool caller_on_side_stream) {
 // freed (an event recorded at the free, queried by later allocations) against one that is
 // not, and whole runs of the caller_stream and pool_stream runners, outputs freed.
 void bm_fence_host_parts(benchmark::State& state) {
-  if (!torch::cuda::is_available()) {
-    state.SkipWithError("no CUDA device");
-    return;
-  }
+  if (skip_if(state, no_device(c10::Device(c10::kCUDA, 0)))) return;
   std::string error;
   auto* caller_runner = runner<torchloom::caller_stream>(error);
   auto* pool_runner = caller_runner != nullptr ? runner<torchloom::pool_stream>(error) : nullptr;
-  if (pool_runner == nullptr) {
-    state.SkipWithError(error.c_str());
-    return;
-  }
-  try {
+  if (skip_if(state, pool_runner == nullptr ? error : "")) return;
+  guarded(state, [&] {
     const c10::Device device(c10::kCUDA, 0);
     const auto* impl = c10::impl::getDeviceGuardImpl(device.type());
     const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(0);
@@ -309,9 +266,7 @@ void bm_fence_host_parts(benchmark::State& state) {
     });
     torch::cuda::synchronize(0);
     (void)cudaEventDestroy(ev);
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-  }
+  });
 }
 
 // For reference, not a target: the GPU cost of a fenced hop, stream by stream, without
@@ -323,17 +278,14 @@ void bm_fence_host_parts(benchmark::State& state) {
 // for the life of the process and depends on the hardware queue each stream was given
 // (CUDA_DEVICE_MAX_CONNECTIONS), so a policy's GPU delta depends on the stream it got.
 void bm_stream_hops(benchmark::State& state) {
-  if (!torch::cuda::is_available()) {
-    state.SkipWithError("no CUDA device");
-    return;
-  }
+  if (skip_if(state, no_device(c10::Device(c10::kCUDA, 0)))) return;
   constexpr int work_streams = 16;
   constexpr int hop_samples = 100;
   cudaStream_t caller = nullptr;
   std::vector<cudaStream_t> work(work_streams, nullptr);
   cudaEvent_t before = nullptr;
   cudaEvent_t after = nullptr;
-  try {
+  guarded(state, [&] {
     check_cuda(cudaStreamCreateWithFlags(&caller, cudaStreamNonBlocking), "cudaStreamCreate");
     for (auto& w : work) {
       check_cuda(cudaStreamCreateWithFlags(&w, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -400,9 +352,7 @@ void bm_stream_hops(benchmark::State& state) {
       }
       state.counters["slow_streams"] = slow;
     }
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-  }
+  });
   (void)cudaDeviceSynchronize();
   if (before != nullptr) (void)cudaEventDestroy(before);
   if (after != nullptr) (void)cudaEventDestroy(after);
@@ -441,16 +391,8 @@ void register_benchmarks() {
 #else
   register_one("BM_green_context_stream", false, bm_green_missing);
 #endif
-  benchmark::RegisterBenchmark("BM_stream_hops", bm_stream_hops)
-      ->Unit(benchmark::kMicrosecond)
-      ->UseRealTime()
-      ->Iterations(1)
-      ->Repetitions(1);
-  benchmark::RegisterBenchmark("BM_fence_host_parts", bm_fence_host_parts)
-      ->Unit(benchmark::kMicrosecond)
-      ->UseRealTime()
-      ->Iterations(20)
-      ->Repetitions(1);
+  register_once("BM_stream_hops", 1, bm_stream_hops);
+  register_once("BM_fence_host_parts", 20, bm_fence_host_parts);
 }
 
 #else  // !TORCHLOOM_HAS_CUDA
@@ -461,15 +403,7 @@ void register_benchmarks() { benchmark::RegisterBenchmark("BM_streams", bm_strea
 
 #endif
 
-// The runners, destroyed before CUDA's own teardown at exit.
-void teardown() {
-#if TORCHLOOM_HAS_CUDA
-  for (auto& c : cleanups()) c();
-  cleanups().clear();
-#endif
-}
-
 }  // namespace
 }  // namespace torchloom_bench
 
-TORCHLOOM_BENCH_MAIN(register_benchmarks, teardown)
+TORCHLOOM_BENCH_MAIN(register_benchmarks)

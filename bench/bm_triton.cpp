@@ -1,15 +1,13 @@
 // PERF.md T13, T15 and T16: torchloom's Triton backend served by the in-process Triton core,
-// measured beside what it is compared with, in one core and one loop. Every comparison sends
-// requests from 8 client threads (batch 1, random inputs) in rounds of 100 requests per
-// thread, and from one client in rounds of 200 requests (latency without queueing; not for the
-// batched sides); each iteration runs the rounds of every side, the sides in a shuffled order,
-// so all sides share the machine's drift. Each side reports its p50 and p99 request latency
-// and its requests/s as counters <side>_p50_us, <side>_p99_us and <side>_rps (8 clients) and
-// <side>_one_p50_us, <side>_one_p99_us and <side>_one_rps (one client). A served side also
-// reports where its requests spent their time by Triton's own statistics over all its rounds,
-// in µs per request (a batched request is charged its whole batch's time, as Triton counts
-// it): <side>_queue_us, <side>_compute_input_us, <side>_compute_infer_us and
-// <side>_compute_output_us. scripts/report.py reads them by these names.
+// beside what it is compared with, in one core and one loop. Every comparison sends requests
+// from 8 client threads (batch 1, random inputs) in rounds of 100 requests per thread, and
+// from one client in rounds of 200 (latency without queueing; not for the batched sides);
+// each iteration runs the rounds of every side in a shuffled order, so all sides share the
+// machine's drift. Counters per side: <side>_p50_us, <side>_p99_us, <side>_rps (8 clients),
+// <side>_one_p50_us, <side>_one_p99_us, <side>_one_rps (one client), and for a served side
+// Triton's own statistics over its rounds in µs per request (a batched request is charged
+// its whole batch's time): <side>_queue_us, <side>_compute_input_us,
+// <side>_compute_infer_us, <side>_compute_output_us. scripts/report.py reads these names.
 //
 //   BM_serving_t13/device:<cpu|cuda>  T13, the bundled MLP (one instance):
 //       runner             the same runner called directly by the client threads, one call at
@@ -34,54 +32,28 @@
 //       SM clocks and ratio_at_alone_clock.
 // A side that cannot run here (no GPU, no GPU-enabled Triton core, no peer, no minimal
 // backend) is left out and named in the benchmark's label, or the benchmark skips saying why.
-#include <torchloom/detail/config.hpp>
-#include <torchloom/torchloom.hpp>
-
 #include "in_process_requests.hpp"
 #include "in_process_triton.hpp"
 #include "side_by_side.hpp"
 
 #include "bench/support/clients.hpp"
-#include "bench/support/fixtures.hpp"
-#include "bench/support/gpu_clock.hpp"
-#include "bench/support/registration.hpp"
-#include "bench/support/stats.hpp"
-#include "tests/support/temp_dir.hpp"
+#include "bench/support/contention.hpp"
 #include "tests/support/linear_mlp.hpp"
+#include "tests/support/temp_dir.hpp"
 
 #if TORCHLOOM_HAS_CUDA
 #include "bench/support/cuda.hpp"
 #endif
 
-#include <benchmark/benchmark.h>
-#include <torch/cuda.h>
-#include <torch/script.h>
-
-#include <algorithm>
 #include <array>
-#include <atomic>
-#include <chrono>
-#include <cmath>
 #include <condition_variable>
-#include <cstdlib>
-#include <filesystem>
-#include <functional>
-#include <map>
-#include <memory>
-#include <mutex>
 #include <numeric>
 #include <random>
-#include <stdexcept>
-#include <string>
-#include <thread>
 #include <tuple>
-#include <utility>
-#include <vector>
 
 namespace torchloom_bench {
 namespace {
 
-namespace fs = std::filesystem;
 namespace tt = torchloom_triton;
 
 constexpr int client_threads = 8;
@@ -92,18 +64,21 @@ constexpr int iterations = 3;        // rounds per side in a repetition
 constexpr int repetitions = 5;
 constexpr bool kit_has_gpu = TORCHLOOM_TRITON_KIT_GPU != 0;
 
-// T16's models and phases (the sizes of bm_isolation's victim and co-tenant).
-constexpr std::int64_t victim_batch = 64;
+// T16's models (the sizes of bm_isolation's victim and co-tenant) and phases.
 constexpr std::int64_t victim_width = 2048;
 constexpr std::int64_t gemm_size = 8192;
-constexpr int gemms_per_request = 4;
 constexpr const char* green_sm_count = "16";
-constexpr int victim_calls = 1000;
-constexpr double alone_deadline_s = 3.0;
-constexpr double contended_deadline_s = 10.0;
 constexpr int cotenant_clients = 4;
-constexpr int cotenant_warm_requests = 8;
-constexpr auto cotenant_start_timeout = std::chrono::seconds(60);
+constexpr contention t16_phases{.calls = 1000,
+                                .alone_deadline_s = 3.0,
+                                .contended_deadline_s = 10.0,
+                                .alone_warmup = warmup_requests,
+                                .contended_warmup = 10,
+                                .saturated_after = 8,
+                                .start_timeout = std::chrono::seconds(60),
+                                .poll = std::chrono::milliseconds(2),
+                                // a request is four GEMMs
+                                .flop_per_completion = 8.0 * gemm_size * gemm_size * gemm_size};
 
 // The process's Triton core: its backend directory holds torchloom's backend and, where they
 // are, Triton's stock minimal backend and Triton's PyTorch backend; the repository is written
@@ -142,11 +117,13 @@ struct serving_fixture {
   }
 };
 
-std::unique_ptr<serving_fixture> the_fixture;  // made on first use, gone at teardown
-
-serving_fixture& fixture() {
-  if (!the_fixture) the_fixture = std::make_unique<serving_fixture>();
-  return *the_fixture;
+serving_fixture& fixture() {  // made on first use, kept for the whole run
+  static std::unique_ptr<serving_fixture> f;
+  if (!f) {
+    f = std::make_unique<serving_fixture>();
+    at_teardown().push_back([] { f.reset(); });
+  }
+  return *f;
 }
 
 // Sends one request; throws the response's error.
@@ -321,10 +298,7 @@ using direct_runner = torchloom::model_runner<torchloom::torchscript_loader>;
 per_device<direct_runner> direct_runners;
 
 void bm_t13(benchmark::State& state, c10::Device device) {
-  if (const std::string why = device_unavailable(device); !why.empty()) {
-    state.SkipWithError(why.c_str());
-    return;
-  }
+  if (skip_if(state, device_unavailable(device))) return;
   auto& f = fixture();
   const bool gpu = device.is_cuda();
   const std::string suffix = gpu ? "_cuda" : "_cpu";
@@ -332,11 +306,8 @@ void bm_t13(benchmark::State& state, c10::Device device) {
   const std::string tl = "mlp_torchloom" + suffix;
   const std::string tl_batched = tl + "_batched";
   for (const auto& [name, batched] : {std::pair{tl, false}, std::pair{tl_batched, true}}) {
-    if (auto why = f.ensure(name, "torchloom", mlp_body(gpu, batched), bundled_model());
-        !why.empty()) {
-      state.SkipWithError(why.c_str());
-      return;
-    }
+    const std::string body = mlp_body(gpu, batched);
+    if (skip_if(state, f.ensure(name, "torchloom", body, bundled_model()))) return;
   }
   static const mlp_inputs in;
   direct_runner& runner = direct_runners.get(device, [](c10::Device d) {
@@ -361,13 +332,9 @@ void bm_t13(benchmark::State& state, c10::Device device) {
         "input [ { name: \"IN0\" data_type: TYPE_FP32 dims: [ 64 ] } ]\n"
         "output [ { name: \"OUT0\" data_type: TYPE_INT32 dims: [ 4 ] } ]\n" +
         instance(false);
-    for (const auto& [name, batched] :
-         {std::pair{std::string("echo"), false}, std::pair{std::string("echo_batched"), true}}) {
-      if (auto why = f.ensure(name, "minimal", echo_io + (batched ? batching : ""), {});
-          !why.empty()) {
-        state.SkipWithError(why.c_str());
-        return;
-      }
+    if (skip_if(state, f.ensure("echo", "minimal", echo_io, {})) ||
+        skip_if(state, f.ensure("echo_batched", "minimal", echo_io + batching, {}))) {
+      return;
     }
     sides.push_back(served("minimal", "echo", "IN0", in));
     sides.push_back(served("minimal_batched", "echo_batched", "IN0", in, true));
@@ -379,56 +346,36 @@ void bm_t13(benchmark::State& state, c10::Device device) {
 }
 
 void bm_t15(benchmark::State& state, c10::Device device) {
-  if (const std::string why = device_unavailable(device); !why.empty()) {
-    state.SkipWithError(why.c_str());
-    return;
-  }
+  if (skip_if(state, device_unavailable(device))) return;
   auto& f = fixture();
-  if (!f.peer) {
-    state.SkipWithError(f.peer.why_missing.c_str());
-    return;
-  }
+  if (skip_if(state, f.peer ? "" : f.peer.why_missing)) return;
   const bool gpu = device.is_cuda();
   // On the GPU, torchloom replays CUDA graphs on Triton's stream; both backends otherwise get
   // the same config.
   const std::string stream = gpu ? parameter("TORCHLOOM_STREAM", "graphed_caller") : "";
   const std::string suffix = gpu ? "_cuda" : "_cpu";
-  struct model {
-    std::string name;
-    std::string backend;
-    bool batched;
-  };
-  const std::vector<model> models = {
-      {"t15_torchloom" + suffix, "torchloom", false},
-      {"t15_torchloom_batched" + suffix, "torchloom", true},
-      {"t15_pytorch" + suffix, "pytorch", false},
-      {"t15_pytorch_batched" + suffix, "pytorch", true},
-  };
-  for (const auto& m : models) {
-    const std::string body = mlp_body(gpu, m.batched, m.backend == "torchloom" ? stream : "");
-    if (auto why = f.ensure(m.name, m.backend, body, bundled_model()); !why.empty()) {
-      state.SkipWithError(why.c_str());
-      return;
-    }
+  const std::vector<std::string> labels = {"torchloom", "torchloom_batched", "pytorch",
+                                           "pytorch_batched"};
+  for (const auto& label : labels) {
+    const std::string backend = label.substr(0, label.find('_'));
+    const std::string body =
+        mlp_body(gpu, label.ends_with("_batched"), backend == "torchloom" ? stream : "");
+    if (skip_if(state, f.ensure("t15_" + label + suffix, backend, body, bundled_model()))) return;
   }
   static const mlp_inputs in;
-  std::vector<side> sides = {
-      served("torchloom", models[0].name, "x", in),
-      served("torchloom_batched", models[1].name, "x", in, true),
-      served("pytorch", models[2].name, "x", in),
-      served("pytorch_batched", models[3].name, "x", in, true),
-  };
+  std::vector<side> sides;
+  for (const auto& label : labels) {
+    sides.push_back(served(label, "t15_" + label + suffix, "x", in, label.ends_with("_batched")));
+  }
   compare(state, sides, 15);
   // After the rounds (graphs captured and replaying): the same request, the same bytes?
-  try {
-    const auto ours = send(models[0].name, {float_input("x", in.x[0])});
-    const auto peer = send(models[2].name, {float_input("x", in.x[0])});
+  guarded(state, [&] {
+    const auto ours = send("t15_torchloom" + suffix, {float_input("x", in.x[0])});
+    const auto peer = send("t15_pytorch" + suffix, {float_input("x", in.x[0])});
     const bool same = ours.outputs.size() == 1 && peer.outputs.size() == 1 &&
                       ours.outputs[0].data == peer.outputs[0].data;
     state.counters["identical"] = benchmark::Counter(same ? 1.0 : 0.0);
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-  }
+  });
 }
 
 // T16's model files, written on first use: the victim (fp32, 64 MiB of weights) and the
@@ -470,100 +417,16 @@ def forward(self, x):
   return files;
 }
 
-int device_sm_count() {
+int sm_count() {
 #if TORCHLOOM_HAS_CUDA
-  int n = 0;
-  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0),
-             "cudaDeviceGetAttribute");
-  return n;
+  return device_sm_count();
 #else
   return 0;
 #endif
 }
 
-struct phase {
-  std::vector<double> us;
-  double seconds = 0.0;
-};
-
-// Up to `calls` requests one after another, until `deadline_s` has passed.
-template <class Request>
-phase measure_phase(Request&& request, int calls, double deadline_s) {
-  phase p;
-  p.us.reserve(static_cast<std::size_t>(calls));
-  const auto begin = std::chrono::steady_clock::now();
-  const auto deadline = begin + std::chrono::duration<double>(deadline_s);
-  for (int i = 0; i < calls; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    if (start > deadline) break;
-    request();
-    p.us.push_back(
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
-            .count());
-  }
-  p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-  return p;
-}
-
-// Client threads that keep the co-tenant model busy until destroyed.
-class cotenant_clients_running {
- public:
-  explicit cotenant_clients_running(std::string model) : model_(std::move(model)) {
-    for (int t = 0; t < cotenant_clients; ++t) {
-      threads_.emplace_back([this] {
-        const at::Tensor x = torch::rand({4}) + 0.5;
-        while (!stop_.load()) {
-          try {
-            send(model_, {float_input("x", x)});
-            completed_.fetch_add(1);
-          } catch (const std::exception& e) {
-            std::lock_guard lock(mutex_);
-            if (error_.empty()) error_ = e.what();
-            return;
-          }
-        }
-      });
-    }
-  }
-  cotenant_clients_running(const cotenant_clients_running&) = delete;
-  cotenant_clients_running& operator=(const cotenant_clients_running&) = delete;
-  ~cotenant_clients_running() { stop(); }
-
-  void stop() {
-    stop_.store(true);
-    for (auto& t : threads_) {
-      if (t.joinable()) t.join();
-    }
-  }
-  //! True once `cotenant_warm_requests` requests have completed; false on error or timeout.
-  bool wait_until_saturating() {
-    const auto deadline = std::chrono::steady_clock::now() + cotenant_start_timeout;
-    while (completed_.load() < cotenant_warm_requests) {
-      if (!error().empty() || std::chrono::steady_clock::now() > deadline) return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    return true;
-  }
-  std::int64_t completed() const { return completed_.load(); }
-  std::string error() {
-    std::lock_guard lock(mutex_);
-    return error_;
-  }
-
- private:
-  std::string model_;
-  std::atomic<bool> stop_{false};
-  std::atomic<std::int64_t> completed_{0};
-  std::mutex mutex_;
-  std::string error_;
-  std::vector<std::thread> threads_;  // last: started after everything they use
-};
-
 void bm_t16(benchmark::State& state, bool green) {
-  if (const std::string why = device_unavailable(c10::Device(c10::kCUDA, 0)); !why.empty()) {
-    state.SkipWithError(why.c_str());
-    return;
-  }
+  if (skip_if(state, device_unavailable(c10::Device(c10::kCUDA, 0)))) return;
   auto& f = fixture();
   const t16_files& files = t16_models();
   const std::string tag = green ? "green" : "plain";
@@ -584,82 +447,49 @@ void bm_t16(benchmark::State& state, bool green) {
   for (const auto& [name, body, file] :
        {std::tuple{victim, victim_io + instance(true) + victim_params, files.victim},
         std::tuple{gemm, gemm_io + instance(true, 2) + gemm_params, files.gemm}}) {
-    if (auto why = f.ensure(name, "torchloom", body, file); !why.empty()) {
-      state.SkipWithError(why.c_str());
-      return;
-    }
+    if (skip_if(state, f.ensure(name, "torchloom", body, file))) return;
   }
-  const int all_sms = device_sm_count();
-  const int victim_sms = green ? std::atoi(green_sm_count) : all_sms;
-  const int cotenant_sms = green ? all_sms - victim_sms : all_sms;
+  contention c = t16_phases;
+  const int all_sms = sm_count();
+  c.victim_sms = green ? std::atoi(green_sm_count) : all_sms;
+  c.cotenant_sms = green ? all_sms - c.victim_sms : all_sms;
   torch::manual_seed(42);
-  const at::Tensor x = torch::rand({victim_batch, victim_width}) + 0.1;
+  const at::Tensor x = torch::rand({64, victim_width}) + 0.1;
   const auto victim_request = [&] { send(victim, {float_input("x", x)}); };
-  try {
-    for (auto _ : state) {
-      for (int i = 0; i < warmup_requests; ++i) victim_request();
-      clock_sampler clocks;
-      clocks.start();
-      const phase alone = measure_phase(victim_request, victim_calls, alone_deadline_s);
-      const clock_sampler::summary alone_clock = clocks.stop();
-      cotenant_clients_running co(gemm);
-      if (!co.wait_until_saturating()) {
-        co.stop();
-        const std::string why = co.error().empty() ? "timed out" : co.error();
-        state.SkipWithError(("co-tenant did not start: " + why).c_str());
-        break;
-      }
-      for (int i = 0; i < 10; ++i) victim_request();
-      const std::int64_t gemms_before = co.completed();
-      clocks.start();
-      const phase beside = measure_phase(victim_request, victim_calls, contended_deadline_s);
-      const clock_sampler::summary clock = clocks.stop();
-      const std::int64_t requests = co.completed() - gemms_before;
-      co.stop();
-      if (const std::string why = co.error(); !why.empty()) {
-        state.SkipWithError(("co-tenant failed: " + why).c_str());
-        break;
-      }
-      const double alone_p50 = percentile(alone.us, 0.50);
-      const double alone_p99 = percentile(alone.us, 0.99);
-      const double p50 = percentile(beside.us, 0.50);
-      const double p99 = percentile(beside.us, 0.99);
-      const double flop = gemms_per_request * 2.0 * std::pow(static_cast<double>(gemm_size), 3);
-      state.SetIterationTime(p50 * 1e-6);
-      state.counters["p50_us"] = p50;
-      state.counters["p99_us"] = p99;
-      state.counters["calls"] = static_cast<double>(beside.us.size());
-      state.counters["alone_p50_us"] = alone_p50;
-      state.counters["alone_p99_us"] = alone_p99;
-      state.counters["ratio_vs_alone"] = alone_p99 > 0.0 ? p99 / alone_p99 : 0.0;
-      state.counters["victim_sms"] = victim_sms;
-      state.counters["cotenant_sms"] = cotenant_sms;
-      state.counters["cotenant_tflops"] =
-          static_cast<double>(requests) * flop / beside.seconds / 1e12;
-      set_clock_counters(state, clocks, alone_clock, clock, alone_p99, p99);
-    }
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-  }
-}
-
-template <class Fn>
-void register_compared(const std::string& name, c10::Device device, Fn fn) {
-  // One repetition where the device is missing: the skip is reported once.
-  const int reps = device_unavailable(device).empty() ? repetitions : 1;
-  with_spread(benchmark::RegisterBenchmark(name.c_str(), fn), reps)
-      ->UseManualTime()
-      ->Iterations(iterations)
-      ->Unit(benchmark::kMillisecond);
+  guarded(state, [&] {
+    measure_contention(
+        state, c, victim_request,
+        [&](int requests) {
+          for (int i = 0; i < requests; ++i) victim_request();
+        },
+        // Client threads that keep the co-tenant model busy.
+        [&] {
+          return std::make_unique<cotenant_threads>(
+              cotenant_clients,
+              [gemm](const std::atomic<bool>& stop, std::atomic<std::int64_t>& completed) {
+                const at::Tensor in = torch::rand({4}) + 0.5;
+                while (!stop.load()) {
+                  send(gemm, {float_input("x", in)});
+                  completed.fetch_add(1);
+                }
+              });
+        });
+  });
 }
 
 void register_benchmarks() {
   for (const auto& [label, device] :
        {std::pair{"cpu", c10::Device(c10::kCPU)}, std::pair{"cuda", c10::Device(c10::kCUDA, 0)}}) {
-    register_compared(std::string("BM_serving_t13/device:") + label, device,
-                      [device](benchmark::State& s) { bm_t13(s, device); });
-    register_compared(std::string("BM_serving_t15/device:") + label, device,
-                      [device](benchmark::State& s) { bm_t15(s, device); });
+    for (const auto& [name, fn] : {std::pair{"BM_serving_t13/device:", &bm_t13},
+                                   std::pair{"BM_serving_t15/device:", &bm_t15}}) {
+      // One repetition where the device is missing: the skip is reported once.
+      const int reps = device_unavailable(device).empty() ? repetitions : 1;
+      with_spread(benchmark::RegisterBenchmark((name + std::string(label)).c_str(), fn, device),
+                  reps)
+          ->UseManualTime()
+          ->Iterations(iterations)
+          ->Unit(benchmark::kMillisecond);
+    }
   }
   for (const bool green : {true, false}) {
     benchmark::RegisterBenchmark(
@@ -672,12 +502,7 @@ void register_benchmarks() {
   }
 }
 
-void teardown() {
-  direct_runners.clear();
-  the_fixture.reset();
-}
-
 }  // namespace
 }  // namespace torchloom_bench
 
-TORCHLOOM_BENCH_MAIN(register_benchmarks, teardown)
+TORCHLOOM_BENCH_MAIN(register_benchmarks)

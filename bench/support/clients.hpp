@@ -2,18 +2,7 @@
 // Client load for the serving benchmarks: rounds of N client threads each sending requests
 // back to back, the latency of every request, and the counters a side of a comparison
 // reports (p50, p99, requests/s).
-#include "stats.hpp"
-
-#include <benchmark/benchmark.h>
-
-#include <algorithm>
-#include <chrono>
-#include <cstdint>
-#include <exception>
-#include <mutex>
-#include <string>
-#include <thread>
-#include <vector>
+#include "common.hpp"
 
 namespace torchloom_bench {
 

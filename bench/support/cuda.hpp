@@ -28,6 +28,14 @@ inline void check_cuda(cudaError_t rc, const char* what) {
   }
 }
 
+//! The SMs of cuda:0.
+inline int device_sm_count() {
+  int n = 0;
+  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0),
+             "cudaDeviceGetAttribute");
+  return n;
+}
+
 //! Device time between two CUDA events recorded on a stream.
 class event_timer {
  public:
