@@ -243,8 +243,11 @@ void register_one(const char* name, Fn fn, cotenant_kind kind) {
 void register_benchmarks() {
   using enum cotenant_kind;
   at_teardown().push_back([] {  // released last: the model files
+    // Not fs::remove_all: pip torch's libtorch.so exports its own copy, which crashes when
+    // the dynamic linker binds ours to it (see tests/support/temp_dir.hpp).
     std::error_code ec;
-    fs::remove_all(model_dir(), ec);
+    for (const char* f : {"victim.pt", "gemm.pt"}) fs::remove(model_dir() / f, ec);
+    fs::remove(model_dir(), ec);
   });
 #ifdef TORCHLOOM_BENCH_HAS_GREEN_CONTEXT
   const auto green_victim = bm_isolation<torchloom::green_context_stream>;
