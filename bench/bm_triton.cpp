@@ -27,7 +27,7 @@
 //       (4 x Linear(2048) on [64, 2048], one instance, requests one at a time) alone, then
 //       beside a co-tenant (bf16 8192 x 8192 GEMMs, two instances, four client threads that keep
 //       it saturated). green: the victim on 16 SMs (TORCHLOOM_STREAM green), the co-tenant on
-//       the rest (green_complement); plain: both on Triton's streams, the control. Counters as
+//       the rest (green_complement); plain: both on their instances' run streams, the control. Counters as
 //       bm_isolation's (T3): p50_us, p99_us, alone_p99_us, ratio_vs_alone, and with NVML the
 //       SM clocks and ratio_at_alone_clock.
 // A side that cannot run here (no GPU, no GPU-enabled Triton core, no peer, no minimal
@@ -350,7 +350,7 @@ void bm_t15(benchmark::State& state, c10::Device device) {
   auto& f = fixture();
   if (skip_if(state, f.peer ? "" : f.peer.why_missing)) return;
   const bool gpu = device.is_cuda();
-  // On the GPU, torchloom replays CUDA graphs on Triton's stream; both backends otherwise get
+  // On the GPU, torchloom replays CUDA graphs on its run stream; both backends otherwise get
   // the same config.
   const std::string stream = gpu ? parameter("TORCHLOOM_STREAM", "graphed_caller") : "";
   const std::string suffix = gpu ? "_cuda" : "_cpu";

@@ -764,11 +764,13 @@ class instance_state : public tb::BackendModelInstance {
     return CudaStream();
   }
 
-  // Waits for the copies the collector or the responder queued (they say so), on
-  // copy_stream(). A device error that surfaces here fails the batch.
+  // Waits for the copies the collector or the responder queued (they say so), and the run
+  // where it shares their stream, on copy_stream(). A device error that surfaces here fails
+  // the batch.
   void synchronize() {
 #ifdef TRITON_ENABLE_GPU
     if (const cudaError_t err = cudaStreamSynchronize(copy_stream()); err != cudaSuccess) {
+      (void)cudaGetLastError();
       throw error(errc::cuda_error, model_->spec().name,
                   detail::concat("waiting for the input and output copies: ",
                                  cudaGetErrorString(err)));
@@ -1142,6 +1144,9 @@ void instance_state::run_group(group& g) {
       if (pending) self->synchronize_quietly();
     }
   } input_copies{this};
+  // Until the collector says what it queued: a gather that throws half-way may have queued
+  // copies into its buffers already.
+  input_copies.pending = one_stream();
   bool host_inputs = false;  // an input the run reads from host memory
   std::vector<c10::IValue> values;
   c10::Dict<std::string, at::Tensor> dict;
@@ -1321,14 +1326,13 @@ void instance_state::run_group(group& g) {
     }
   }
   copies = responder.Finalize() || copies;
-  if (copies || input_copies.pending) {
+  // One host wait for what is still queued: the copies and, on the GPU, the run before them
+  // on the same stream (nothing left when the responder's Finalize() waited for its copies).
+  if (copies || input_copies.pending || timed) {
     synchronize();
     input_copies.pending = false;
   }
-  if (timed) {
-    if (!copies) wait_for_device();  // no copy to wait for, behind the run
-    g.compute_end = timed_compute_end(g.compute_start, launched);
-  }
+  if (timed) g.compute_end = timed_compute_end(g.compute_start, launched);
   for (auto* s : states) {
     if (TRITONSERVER_Error* err = TRITONBACKEND_StateUpdate(s)) {
       RESPOND_ALL_AND_SET_NULL_IF_ERROR(responses, count, err);
