@@ -23,12 +23,12 @@
 #include "bench/support/contention.hpp"
 
 #if TORCHLOOM_HAS_CUDA
-#include <unistd.h>
 
 #include <array>
 
 #include "bench/support/cuda.hpp"
 #include "tests/support/linear_mlp.hpp"
+#include "tests/support/temp_dir.hpp"
 #endif
 
 namespace torchloom_bench {
@@ -59,9 +59,10 @@ using runner_type = torchloom::model_runner<torchloom::torchscript_loader, torch
 
 cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream(0).stream(); }
 
-// The process's models, inputs and streams, built on first use and kept for the whole run.
+// The process's models, inputs and streams, built on first use and kept for the whole run;
+// the model files' directory goes with it.
 struct process_state {
-  fs::path dir;
+  torchloom_test::temp_dir dir{"torchloom_bm_isolation"};
   std::vector<c10::IValue> victim_inputs;
   std::vector<c10::IValue> gemm_inputs;
   std::optional<c10::cuda::CUDAStream> victim_stream;
@@ -70,16 +71,10 @@ struct process_state {
 
 built_once<process_state> the_process;
 
-fs::path model_dir() {
-  return fs::temp_directory_path() / ("torchloom_bm_isolation_" + std::to_string(::getpid()));
-}
-
 // Model files, inputs (random, never zeros: PERF.md) and the two threads' streams.
 process_state* setup(std::string& error) {
   return the_process.get(error, [](std::optional<process_state>& slot) {
     process_state& s = slot.emplace();
-    s.dir = model_dir();
-    fs::create_directories(s.dir);
     torch::manual_seed(0);
     const auto victim = torchloom_test::linear_mlp("isolation_victim", victim_width);
     victim.save((s.dir / "victim.pt").string());
@@ -123,7 +118,7 @@ int green_sm_count_of() {
   static const int n = [] {
     try {
       std::string error;
-      const fs::path dir = setup(error)->dir;
+      const fs::path dir = setup(error)->dir.path();
       torchloom::runner_options options;
       options.green_context_sm_count = 16;
       P policy(torchloom::model_context{"isolation_probe", dir, c10::Device(c10::kCUDA, 0),
@@ -242,13 +237,6 @@ void register_one(const char* name, Fn fn, cotenant_kind kind) {
 
 void register_benchmarks() {
   using enum cotenant_kind;
-  at_teardown().push_back([] {  // released last: the model files
-    // Not fs::remove_all: pip torch's libtorch.so exports its own copy, which crashes when
-    // the dynamic linker binds ours to it (see tests/support/temp_dir.hpp).
-    std::error_code ec;
-    for (const char* f : {"victim.pt", "gemm.pt"}) fs::remove(model_dir() / f, ec);
-    fs::remove(model_dir(), ec);
-  });
 #ifdef TORCHLOOM_BENCH_HAS_GREEN_CONTEXT
   const auto green_victim = bm_isolation<torchloom::green_context_stream>;
 #else
