@@ -26,6 +26,8 @@
 
 #include <array>
 
+#include <torchloom/cuda/event.hpp>
+
 #include "bench/support/cuda.hpp"
 #include "tests/support/linear_mlp.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -141,18 +143,10 @@ std::unique_ptr<cotenant_threads> start_cotenant(c10::cuda::CUDAStream stream,
         c10::cuda::CUDAStreamGuard guard(stream);
         c10::InferenceMode inference;
         // Timing-free events recorded on the co-tenant's stream, round robin.
-        std::array<cudaEvent_t, cotenant_queue_depth> ring{};
-        const std::shared_ptr<void> destroy(nullptr, [&ring](void*) {
-          for (auto& e : ring) {
-            if (e != nullptr) cudaEventDestroy(e);
-          }
-        });
-        for (auto& e : ring) {
-          check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
-                     "cudaEventCreateWithFlags");
-        }
+        std::array<torchloom::cuda::event, cotenant_queue_depth> ring;
+        for (auto& e : ring) e = torchloom::cuda::event("isolation_cotenant");
         for (std::int64_t i = 0; !stop.load(); ++i) {
-          cudaEvent_t& slot = ring[static_cast<std::size_t>(i % cotenant_queue_depth)];
+          const cudaEvent_t slot = ring[static_cast<std::size_t>(i % cotenant_queue_depth)].get();
           if (i >= cotenant_queue_depth) {
             check_cuda(cudaEventSynchronize(slot), "cudaEventSynchronize");
             completed.fetch_add(1);

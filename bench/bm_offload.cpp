@@ -351,10 +351,7 @@ void bm_offload(benchmark::State& state, model_kind which, std::int64_t batch, v
     const bool paired = (v == variant::streamed && batch > 16) || s == share::all;
     const std::int64_t moved =
         v == variant::streamed ? streamed->memory().streamed_bytes : m.weight_bytes;
-    // The timed forward (a share's runner is called directly).
-    const std::function<void()> timed =
-        s != share::none ? std::function<void()>([&] { (void)streamed->run(x); })
-                         : [&] { (void)forward(); };
+    const auto timed = [&] { (void)forward(); };
     for (auto _ : state) {
       if (paired) {
         const auto [t, resident] = time_in_blocks(timed, [&] { (void)m.resident->run(x); });
@@ -464,7 +461,7 @@ void bm_offload_llm(benchmark::State& state) {
     void* taken = nullptr;
     check_cuda(cudaMalloc(&taken, free - static_cast<std::size_t>(left)),
                "cudaMalloc (taking the device's free memory)");
-    const std::shared_ptr<void> give_back(taken, [](void* p) { (void)cudaFree(p); });
+    const std::unique_ptr<void, decltype(&cudaFree)> give_back(taken, &cudaFree);
     check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
     const auto free_at_load = static_cast<std::int64_t>(free);
     auto streamed = std::make_unique<package_runner<torchloom::streamed_weights>>(
