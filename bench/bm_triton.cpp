@@ -354,18 +354,25 @@ void bm_t15(benchmark::State& state, c10::Device device) {
   // the same config.
   const std::string stream = gpu ? parameter("TORCHLOOM_STREAM", "graphed_caller") : "";
   const std::string suffix = gpu ? "_cuda" : "_cpu";
-  const std::vector<std::string> labels = {"torchloom", "torchloom_batched", "pytorch",
-                                           "pytorch_batched"};
-  for (const auto& label : labels) {
-    const std::string backend = label.substr(0, label.find('_'));
-    const std::string body =
-        mlp_body(gpu, label.ends_with("_batched"), backend == "torchloom" ? stream : "");
-    if (skip_if(state, f.ensure("t15_" + label + suffix, backend, body, bundled_model()))) return;
+  struct model {
+    std::string label;
+    std::string backend;
+    bool batched;
+  };
+  const std::vector<model> models = {{"torchloom", "torchloom", false},
+                                     {"torchloom_batched", "torchloom", true},
+                                     {"pytorch", "pytorch", false},
+                                     {"pytorch_batched", "pytorch", true}};
+  for (const auto& m : models) {
+    const std::string body = mlp_body(gpu, m.batched, m.backend == "torchloom" ? stream : "");
+    if (skip_if(state, f.ensure("t15_" + m.label + suffix, m.backend, body, bundled_model()))) {
+      return;
+    }
   }
   static const mlp_inputs in;
   std::vector<side> sides;
-  for (const auto& label : labels) {
-    sides.push_back(served(label, "t15_" + label + suffix, "x", in, label.ends_with("_batched")));
+  for (const auto& m : models) {
+    sides.push_back(served(m.label, "t15_" + m.label + suffix, "x", in, m.batched));
   }
   compare(state, sides, 15);
   // After the rounds (graphs captured and replaying): the same request, the same bytes?
