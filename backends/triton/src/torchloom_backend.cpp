@@ -794,6 +794,29 @@ class instance_state : public tb::BackendModelInstance {
 #endif
   }
 
+  // The responder copies every output on the run stream. An output on another GPU (a
+  // KIND_MODEL model placed across GPUs) was written on that GPU's current stream, which the
+  // run stream waits for first.
+  void wait_for_other_gpus([[maybe_unused]] const std::vector<at::Tensor>& outputs) {
+#if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
+    if (!run_stream_) return;
+    const std::string& name = model_->spec().name;
+    std::vector<c10::DeviceIndex> waited;
+    for (const at::Tensor& t : outputs) {
+      if (!t.defined() || !t.is_cuda() || t.device() == device_) continue;
+      const c10::DeviceIndex d = t.device().index();
+      if (std::find(waited.begin(), waited.end(), d) != waited.end()) continue;
+      waited.push_back(d);
+      const c10::cuda::CUDAGuard guard(t.device());
+      const cuda::event written(name);  // destroyed once the wait is queued, as CUDA allows
+      cuda::check(cudaEventRecord(written.get(), c10::cuda::getCurrentCUDAStream(d).stream()),
+                  name, "cudaEventRecord");
+      cuda::check(cudaStreamWaitEvent(run_stream_.get(), written.get(), 0), name,
+                  "cudaStreamWaitEvent");
+    }
+#endif
+  }
+
   // Whether the copies go on the run stream (copy_stream()), in order with the run.
   bool one_stream() {
 #if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
@@ -1130,23 +1153,25 @@ void instance_state::run_group(group& g) {
 #endif
 
   // Gather. The collector lives as long as the run: its buffers back the input tensors, and
-  // an output may be one of them.
+  // an output may be one of them. The responder is made once the outputs are checked; the
+  // strings it sends live as long.
   tb::BackendInputCollector collector(requests, count, &responses,
                                       model_->TritonMemoryManager(),
                                       model_->EnablePinnedInput(), copy_stream(), nullptr,
                                       nullptr, 0, HostPolicyName().c_str());
-  // Copies into the collector's buffers that no host wait has covered yet: waited for before
-  // the collector goes, also when the run fails (declared after it, so it goes first).
-  struct pending_copies {
+  std::optional<tb::BackendOutputResponder> responder;
+  std::vector<std::string> serialized;  // string outputs, until their copies are done
+  // Where the copies share the run stream, the work queued there (the collector's copies,
+  // the run, the responder's copies) until the host waits for it: a run that throws on the
+  // way waits for it before the collector's and the responder's buffers go, and before the
+  // requests (whose memory a copy or the run may still read) are released.
+  struct queued_work {
     instance_state* self;
     bool pending = false;
-    ~pending_copies() {
+    ~queued_work() {
       if (pending) self->synchronize_quietly();
     }
-  } input_copies{this};
-  // Until the collector says what it queued: a gather that throws half-way may have queued
-  // copies into its buffers already.
-  input_copies.pending = one_stream();
+  } queued{this, one_stream()};
   bool host_inputs = false;  // an input the run reads from host memory
   std::vector<c10::IValue> values;
   c10::Dict<std::string, at::Tensor> dict;
@@ -1206,12 +1231,8 @@ void instance_state::run_group(group& g) {
   }
   // The collector's copies: a run that reads only device memory follows them on the run
   // stream, and the host waits for them later, with the responder's (one host wait a run, not
-  // two); one that reads host memory waits for them now.
-  input_copies.pending = collector.Finalize();
-  if (input_copies.pending && (host_inputs || !one_stream())) {
-    synchronize();
-    input_copies.pending = false;
-  }
+  // two); one that reads host memory, or runs on another stream, waits for them now.
+  if (collector.Finalize() && (host_inputs || !one_stream())) synchronize();
   // A request the collector could not gather has its error; the others run. Its rows stay
   // in the batch (the responder skips them by its shape).
   if (std::none_of(responses.begin(), responses.end(), [](auto* r) { return r != nullptr; })) {
@@ -1285,6 +1306,7 @@ void instance_state::run_group(group& g) {
     }
     out_tensors[i] = t.contiguous();
   }
+  wait_for_other_gpus(out_tensors);
   std::uint64_t launched = 0;
   if (timed) {
     mark_run(false);
@@ -1294,11 +1316,9 @@ void instance_state::run_group(group& g) {
     g.compute_end = now_ns();
   }
 
-  tb::BackendOutputResponder responder(requests, count, &responses,
-                                       model_->TritonMemoryManager(), batching,
-                                       model_->EnablePinnedOutput(), copy_stream());
+  responder.emplace(requests, count, &responses, model_->TritonMemoryManager(), batching,
+                    model_->EnablePinnedOutput(), copy_stream());
   std::vector<TRITONBACKEND_State*> states;
-  std::vector<std::string> serialized;  // string outputs, until their copies are done
   serialized.reserve(count * model_->outputs().size());
   bool copies = false;
   for (std::size_t i = 0; i < model_->outputs().size(); ++i) {
@@ -1315,23 +1335,21 @@ void instance_state::run_group(group& g) {
     const std::int64_t memory_id = t.is_cuda() ? t.device().index() : 0;
     const auto* data = static_cast<const char*>(t.data_ptr());
     if (o.state) {
-      auto s = responder.ProcessStateTensor(o.name, triton_type(t.scalar_type()), shape, data,
+      auto s = responder->ProcessStateTensor(o.name, triton_type(t.scalar_type()), shape, data,
                                             memory_type, memory_id);
       states.insert(states.end(), s.begin(), s.end());
     } else if (o.batch) {
-      responder.ProcessBatchOutput(o.name, *o.batch, data, memory_type, memory_id);
+      responder->ProcessBatchOutput(o.name, *o.batch, data, memory_type, memory_id);
     } else {
-      responder.ProcessTensor(o.name, triton_type(t.scalar_type()), shape, data, memory_type,
+      responder->ProcessTensor(o.name, triton_type(t.scalar_type()), shape, data, memory_type,
                               memory_id);
     }
   }
-  copies = responder.Finalize() || copies;
+  copies = responder->Finalize() || copies;
   // One host wait for what is still queued: the copies and, on the GPU, the run before them
   // on the same stream (nothing left when the responder's Finalize() waited for its copies).
-  if (copies || input_copies.pending || timed) {
-    synchronize();
-    input_copies.pending = false;
-  }
+  if (copies || timed) synchronize();
+  queued.pending = false;
   if (timed) g.compute_end = timed_compute_end(g.compute_start, launched);
   for (auto* s : states) {
     if (TRITONSERVER_Error* err = TRITONBACKEND_StateUpdate(s)) {

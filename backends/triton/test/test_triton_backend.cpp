@@ -1208,6 +1208,44 @@ instance_group [ { kind: KIND_MODEL } ]
   CHECK(torch::equal(output_tensor(r, 1), torch::ones({2, 1})));
 }
 
+// Two GPUs: the instance's device is cuda:0, where the model's first weight is; its output is
+// made on cuda:1 at the end of a long run there. The answer must be what that run wrote, not
+// what the output's memory held when the copy out was queued.
+TEST_CASE("KIND_MODEL across two GPUs: an output on the second GPU is sent once it is written",
+          "[triton][cuda][multi_gpu]") {
+  REQUIRE_GPU_CORE();
+#if TORCHLOOM_HAS_CUDA
+  if (torch::cuda::device_count() < 2) TORCHLOOM_CATCH_SKIP("fewer than two CUDA devices");
+  torch::jit::Module m("split");
+  m.register_parameter("w0", torch::eye(256).to(torch::Device("cuda:0")), false);
+  m.register_parameter("slow", torch::zeros({4096, 4096}).to(torch::Device("cuda:1")), false);
+  m.define(R"(
+def forward(self, x):
+    h = torch.matmul(x, self.w0).to(self.slow.device)
+    z = self.slow
+    for _ in range(6):
+        z = torch.matmul(z, self.slow)
+    return h + z[0, 0]
+)");
+  torchloom_test::write_triton_model(repo().model("gpu_split"), m, R"(name: "gpu_split"
+backend: "torchloom"
+max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 256 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 256 ] } ]
+instance_group [ { kind: KIND_MODEL } ]
+)");
+  require_loaded("gpu_split");
+  for (int i = 0; i < 8; ++i) {
+    const at::Tensor x = torch::randn({2, 256});
+    const auto r = core().infer("gpu_split", {float_input("x", x)});
+    INFO("request " << i << ": " << error_text(r));
+    REQUIRE_FALSE(r.error.has_value());
+    CHECK(torch::allclose(output_tensor(r), x, 1e-3, 1e-3));
+  }
+  core().unload("gpu_split");
+#endif
+}
+
 TEST_CASE("an instance group changed in place: new instances use their own kind",
           "[triton][cuda]") {
   REQUIRE_GPU_CORE();
