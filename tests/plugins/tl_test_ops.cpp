@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <utility>
 
 #ifndef TL_TEST_OPS_VARIANT
 #define TL_TEST_OPS_VARIANT 0
@@ -24,9 +25,11 @@
 
 namespace {
 
+// A table per layer and device (-1: the CPU): a model with instances on several GPUs gets one
+// on each, and each instance's lookups read the one on its keys' device.
 struct registry {
   std::mutex mutex;
-  std::map<std::int32_t, at::Tensor> tables;
+  std::map<std::pair<std::int32_t, int>, at::Tensor> tables;
   std::int64_t unregister_calls = 0;
 };
 
@@ -40,14 +43,20 @@ registry& tables() {
   {
     auto& r = tables();
     std::lock_guard lock(r.mutex);
-    const auto it = r.tables.find(static_cast<std::int32_t>(layer));
-    TORCH_CHECK(it != r.tables.end(), "tl_test::lookup: no embedding table is registered for "
-                "layer ", layer, " (variant ", TL_TEST_OPS_VARIANT, "; the model-init hook "
-                "registers them from weights/*.bin)");
+    const auto l = static_cast<std::int32_t>(layer);
+    const int device = keys.is_cuda() ? keys.device().index() : -1;
+    const auto it = r.tables.find({l, device});
+    if (it == r.tables.end()) {
+      const auto other = r.tables.lower_bound({l, -1});
+      TORCH_CHECK(other == r.tables.end() || other->first.first != l,
+                  "tl_test::lookup: keys are on ", keys.device(), ", the table for layer ",
+                  layer, " on ", other->second.device());
+      TORCH_CHECK(false, "tl_test::lookup: no embedding table is registered for layer ", layer,
+                  " (variant ", TL_TEST_OPS_VARIANT, "; the model-init hook registers them "
+                  "from weights/*.bin)");
+    }
     table = it->second;
   }
-  TORCH_CHECK(keys.device() == table.device(), "tl_test::lookup: keys are on ", keys.device(),
-              ", the table for layer ", layer, " on ", table.device());
   // Keys are checked on the host before the lookup launches: on a GPU, an out-of-range key
   // would be a device-side assert, which leaves the process's CUDA context unusable; raised
   // here, it is an exception that fails the run and nothing else.
@@ -76,7 +85,7 @@ extern "C" __attribute__((visibility("default"))) int tl_test_register_table(
     if (device_index >= 0) t = t.to(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index)));
     auto& r = tables();
     std::lock_guard lock(r.mutex);
-    r.tables[layer] = t;
+    r.tables[{layer, device_index >= 0 ? device_index : -1}] = t;
     return 0;
   } catch (const std::exception& e) {
     std::snprintf(error, error_size, "registering table %d failed: %s", layer, e.what());

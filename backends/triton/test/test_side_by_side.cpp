@@ -553,11 +553,15 @@ TEST_CASE(
   const fs::path file = package / "1" / "model.pt2";
   // The package's call spec names its input and output by position: ARGS[0] -> INPUT__0,
   // RESULT -> OUTPUT__0 (Triton's PyTorch backend's rule, also torchloom's).
-  const std::string io =
+  const std::string signature =
       "max_batch_size: 0\n"
       "input [ { name: \"INPUT__0\" data_type: TYPE_FP32 dims: [ -1, 64 ] } ]\n"
-      "output [ { name: \"OUTPUT__0\" data_type: TYPE_FP32 dims: [ -1, 16 ] } ]\n" +
-      instances(true);
+      "output [ { name: \"OUTPUT__0\" data_type: TYPE_FP32 dims: [ -1, 16 ] } ]\n";
+  // On GPU 0: with an instance on a second GPU, the PyTorch backend's fails every request it
+  // gets ("Expected all tensors to be on the same device": the package's weights stay on
+  // cuda:0), so on several GPUs the two compare there (torchloom's on every GPU: below).
+  const std::string io =
+      signature + "instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]\n";
   const std::string aoti = "platform: \"torch_aoti\"\n";
   twins("aoti_mlp", file, io, aoti);
   twins("aoti_mlp_no_inference", file, io + parameter("INFERENCE_MODE", "false"), aoti);
@@ -582,6 +586,35 @@ TEST_CASE(
   INFO(reason);
   CHECK(reason.find("INFERENCE_MODE") != std::string::npos);
   CHECK(reason.find("maybe") != std::string::npos);
+  // torchloom's instances on every GPU (Triton's default for KIND_GPU): each loads the
+  // package onto its own device, and requests from several clients, which the core spreads
+  // over the instances, get GPU 0's answer.
+  if (torch::cuda::device_count() < 2) return;
+  tt::write_model(core().repository, "aoti_every_gpu", "torchloom", signature + instances(true),
+                  file);
+  require_load("aoti_every_gpu");
+  const auto want = core().server->infer(tt::twin_name("aoti_mlp", "torchloom"),
+                                         {input("INPUT__0", x)});
+  REQUIRE_FALSE(want.error);
+  std::vector<std::future<std::string>> clients;
+  for (int c = 0; c < 4; ++c) {
+    clients.push_back(std::async(std::launch::async, [&] {
+      for (int i = 0; i < 16; ++i) {
+        const auto r = core().server->infer("aoti_every_gpu", {input("INPUT__0", x)});
+        if (r.error || r.outputs.size() != 1) return "request " + std::to_string(i) + " failed";
+        const auto got = at::from_blob(const_cast<char*>(r.outputs[0].data.data()), {1, 16});
+        const auto ref = at::from_blob(const_cast<char*>(want.outputs[0].data.data()), {1, 16});
+        if (!at::allclose(got, ref, 1e-4, 1e-5)) return "request " + std::to_string(i) + " differs";
+      }
+      return std::string();
+    }));
+  }
+  for (auto& c : clients) {
+    const std::string why = c.get();
+    INFO(why);
+    CHECK(why.empty());
+  }
+  core().server->unload("aoti_every_gpu");
 }
 
 TEST_CASE(
