@@ -794,19 +794,23 @@ class instance_state : public tb::BackendModelInstance {
 #endif
   }
 
-  // The responder copies every output on the run stream. An output on another GPU (a
-  // KIND_MODEL model placed across GPUs) was written on that GPU's current stream, which the
-  // run stream waits for first.
+  // The responder copies every output on copy_stream(). An output on another GPU than the
+  // run stream's (a KIND_MODEL model placed across GPUs, or one on the CPU that makes its
+  // outputs on a GPU) was written on that GPU's current stream: the run stream waits for it
+  // first, or without a run stream the host does.
   void wait_for_other_gpus([[maybe_unused]] const std::vector<at::Tensor>& outputs) {
 #if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
-    if (!run_stream_) return;
     const std::string& name = model_->spec().name;
     std::vector<c10::DeviceIndex> waited;
     for (const at::Tensor& t : outputs) {
-      if (!t.defined() || !t.is_cuda() || t.device() == device_) continue;
+      if (!t.defined() || !t.is_cuda() || (run_stream_ && t.device() == device_)) continue;
       const c10::DeviceIndex d = t.device().index();
       if (std::find(waited.begin(), waited.end(), d) != waited.end()) continue;
       waited.push_back(d);
+      if (!run_stream_) {
+        c10::cuda::getCurrentCUDAStream(d).synchronize();
+        continue;
+      }
       const c10::cuda::CUDAGuard guard(t.device());
       const cuda::event written(name);  // destroyed once the wait is queued, as CUDA allows
       cuda::check(cudaEventRecord(written.get(), c10::cuda::getCurrentCUDAStream(d).stream()),
@@ -1161,17 +1165,29 @@ void instance_state::run_group(group& g) {
                                       nullptr, 0, HostPolicyName().c_str());
   std::optional<tb::BackendOutputResponder> responder;
   std::vector<std::string> serialized;  // string outputs, until their copies are done
-  // Where the copies share the run stream, the work queued there (the collector's copies,
-  // the run, the responder's copies) until the host waits for it: a run that throws on the
-  // way waits for it before the collector's and the responder's buffers go, and before the
-  // requests (whose memory a copy or the run may still read) are released.
+  std::vector<c10::IValue> outputs;     // the model's, flattened
+  std::vector<at::Tensor> out_tensors;  // the tensors the responder copies from
+  // The work queued on copy_stream() (the collector's copies; on the run stream also the run
+  // and the responder's copies) until the host waits for it: a run that throws on the way
+  // lets the collector finish what it started and waits for that stream before the buffers
+  // above go (the collector's, the responder's, the strings, an output on another GPU, whose
+  // allocator knows nothing of the copy) and before the requests are released.
   struct queued_work {
     instance_state* self;
+    tb::BackendInputCollector* collector;
     bool pending = false;
+    bool gathered = false;  // the collector's Finalize() has run
     ~queued_work() {
+      if (!gathered) {
+        try {
+          collector->Finalize();  // its copies still in flight on worker threads
+        } catch (...) {
+          (void)0;  // the run's own error is the one to report
+        }
+      }
       if (pending) self->synchronize_quietly();
     }
-  } queued{this, one_stream()};
+  } queued{this, &collector, copy_stream() != nullptr};
   bool host_inputs = false;  // an input the run reads from host memory
   std::vector<c10::IValue> values;
   c10::Dict<std::string, at::Tensor> dict;
@@ -1232,6 +1248,7 @@ void instance_state::run_group(group& g) {
   // The collector's copies: a run that reads only device memory follows them on the run
   // stream, and the host waits for them later, with the responder's (one host wait a run, not
   // two); one that reads host memory, or runs on another stream, waits for them now.
+  queued.gathered = true;
   if (collector.Finalize() && (host_inputs || !one_stream())) synchronize();
   // A request the collector could not gather has its error; the others run. Its rows stay
   // in the batch (the responder skips them by its shape).
@@ -1245,9 +1262,9 @@ void instance_state::run_group(group& g) {
   const bool timed = one_stream();
   if (timed) mark_run(true);
   if (dict_) values = {c10::IValue(std::move(dict))};
-  const std::vector<c10::IValue> outputs = run_model(std::move(values));
+  outputs = run_model(std::move(values));
   // Each output is checked before any is sent: a bad one fails the whole batch.
-  std::vector<at::Tensor> out_tensors(model_->outputs().size());
+  out_tensors.resize(model_->outputs().size());
   for (std::size_t i = 0; i < model_->outputs().size(); ++i) {
     const output_decl& o = model_->outputs()[i];
     const std::size_t index = output_index_[i];
@@ -1347,7 +1364,9 @@ void instance_state::run_group(group& g) {
   }
   copies = responder->Finalize() || copies;
   // One host wait for what is still queued: the copies and, on the GPU, the run before them
-  // on the same stream (nothing left when the responder's Finalize() waited for its copies).
+  // on the same stream (an idle stream by now where the responder's Finalize() waited for
+  // its copies through pinned memory: it says so by returning false, as it does when it
+  // queued nothing, so the wait stays).
   if (copies || timed) synchronize();
   queued.pending = false;
   if (timed) g.compute_end = timed_compute_end(g.compute_start, launched);
