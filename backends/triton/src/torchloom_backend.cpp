@@ -907,6 +907,24 @@ class instance_state : public tb::BackendModelInstance {
   bool strings_ = false;  // strings in or out: the model runs on IValues
 };
 
+namespace {
+
+// Whether an input of `dtype` and `sizes` passes detail::check_tensor_input's rules for
+// `spec` (data type, shape with -1 for any size, the batch bound), without a tensor.
+bool fits(const input_spec& spec, c10::ScalarType dtype, c10::IntArrayRef sizes) {
+  if (spec.dtype && dtype != *spec.dtype) return false;
+  if (spec.shape) {
+    const auto& want = *spec.shape;
+    if (sizes.size() != want.size()) return false;
+    for (std::size_t d = 0; d < want.size(); ++d) {
+      if (want[d] >= 0 && want[d] != sizes[d]) return false;
+    }
+  }
+  return spec.max_batch_size <= 0 || sizes.empty() || sizes[0] <= spec.max_batch_size;
+}
+
+}  // namespace
+
 std::int64_t instance_state::check_request(TRITONBACKEND_Request* request) const {
   const std::string& name = model_->spec().name;
   const input_signature& sig = runner_->inputs();
@@ -958,16 +976,19 @@ std::int64_t instance_state::check_request(TRITONBACKEND_Request* request) const
                                  ", which torchloom cannot pass to a model"));
     }
     if (dict_) continue;  // Triton checked it against the config; the dict has no schema
-    std::vector<std::int64_t> sizes(shape, shape + dims);
+    c10::IntArrayRef sizes(shape, dims);
+    std::int64_t elements = 1;
     if (b.decl->kind == input_kind::ragged) {
-      std::int64_t n = 1;
-      for (auto d : sizes) n *= d;
-      sizes = {n};
+      for (auto d : sizes) elements *= d;
+      sizes = c10::IntArrayRef(&elements, 1);
     }
-    // The runner's own check, on a tensor that holds no data.
-    (void)detail::check_tensor_input(
-        name, sig, b.position,
-        at::empty(sizes, at::TensorOptions().dtype(*scalar).device(c10::kMeta)), c10::kMeta);
+    // The runner's own check, on a tensor that holds no data, where the input does not pass
+    // the same rules checked here without making one (it throws the runner's message).
+    if (!fits(sig[b.position], *scalar, sizes)) {
+      (void)detail::check_tensor_input(
+          name, sig, b.position,
+          at::empty(sizes, at::TensorOptions().dtype(*scalar).device(c10::kMeta)), c10::kMeta);
+    }
   }
   if (!dict_) detail::check_input_count(name, sig, given);
   return batch < 0 ? 1 : batch;
@@ -1237,8 +1258,13 @@ void instance_state::run_group(group& g) {
         memory_type == TRITONSERVER_MEMORY_GPU
             ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(memory_id))
             : c10::Device(c10::kCPU));
+    // The device is the one Triton says the buffer is on: from_blob would otherwise ask CUDA
+    // again for a device buffer (cudaPointerGetAttributes, in every run).
     at::Tensor t = bytes == 0 ? at::empty(shape, options)
-                              : at::from_blob(const_cast<char*>(buffer), shape, options);
+                              : at::for_blob(const_cast<char*>(buffer), shape)
+                                    .options(options)
+                                    .target_device(options.device())
+                                    .make_tensor();
     if (dict_) {
       dict.insert(d.name, t);
     } else {
