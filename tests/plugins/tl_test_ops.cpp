@@ -47,10 +47,11 @@ registry& tables() {
     const int device = keys.is_cuda() ? keys.device().index() : -1;
     const auto it = r.tables.find({l, device});
     if (it == r.tables.end()) {
+      // The layer's table on another device, if any: the first entry at or after (layer, CPU).
       const auto other = r.tables.lower_bound({l, -1});
-      TORCH_CHECK(other == r.tables.end() || other->first.first != l,
-                  "tl_test::lookup: keys are on ", keys.device(), ", the table for layer ",
-                  layer, " on ", other->second.device());
+      const bool elsewhere = other != r.tables.end() && other->first.first == l;
+      TORCH_CHECK(!elsewhere, "tl_test::lookup: keys are on ", keys.device(),
+                  ", the table for layer ", layer, " on ", other->second.device());
       TORCH_CHECK(false, "tl_test::lookup: no embedding table is registered for layer ", layer,
                   " (variant ", TL_TEST_OPS_VARIANT, "; the model-init hook registers them "
                   "from weights/*.bin)");

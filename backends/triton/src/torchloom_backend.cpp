@@ -907,24 +907,6 @@ class instance_state : public tb::BackendModelInstance {
   bool strings_ = false;  // strings in or out: the model runs on IValues
 };
 
-namespace {
-
-// Whether an input of `dtype` and `sizes` passes detail::check_tensor_input's rules for
-// `spec` (data type, shape with -1 for any size, the batch bound), without a tensor.
-bool fits(const input_spec& spec, c10::ScalarType dtype, c10::IntArrayRef sizes) {
-  if (spec.dtype && dtype != *spec.dtype) return false;
-  if (spec.shape) {
-    const auto& want = *spec.shape;
-    if (sizes.size() != want.size()) return false;
-    for (std::size_t d = 0; d < want.size(); ++d) {
-      if (want[d] >= 0 && want[d] != sizes[d]) return false;
-    }
-  }
-  return spec.max_batch_size <= 0 || sizes.empty() || sizes[0] <= spec.max_batch_size;
-}
-
-}  // namespace
-
 std::int64_t instance_state::check_request(TRITONBACKEND_Request* request) const {
   const std::string& name = model_->spec().name;
   const input_signature& sig = runner_->inputs();
@@ -984,7 +966,7 @@ std::int64_t instance_state::check_request(TRITONBACKEND_Request* request) const
     }
     // The runner's own check, on a tensor that holds no data, where the input does not pass
     // the same rules checked here without making one (it throws the runner's message).
-    if (!fits(sig[b.position], *scalar, sizes)) {
+    if (!detail::fits_input(sig[b.position], *scalar, sizes)) {
       (void)detail::check_tensor_input(
           name, sig, b.position,
           at::empty(sizes, at::TensorOptions().dtype(*scalar).device(c10::kMeta)), c10::kMeta);

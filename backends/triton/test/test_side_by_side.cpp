@@ -602,9 +602,9 @@ TEST_CASE(
       for (int i = 0; i < 16; ++i) {
         const auto r = core().server->infer("aoti_every_gpu", {input("INPUT__0", x)});
         if (r.error || r.outputs.size() != 1) return "request " + std::to_string(i) + " failed";
-        const auto got = at::from_blob(const_cast<char*>(r.outputs[0].data.data()), {1, 16});
-        const auto ref = at::from_blob(const_cast<char*>(want.outputs[0].data.data()), {1, 16});
-        if (!at::allclose(got, ref, 1e-4, 1e-5)) return "request " + std::to_string(i) + " differs";
+        if (!torch::allclose(tensor_of(r.outputs[0]), tensor_of(want.outputs[0]), 1e-4, 1e-5)) {
+          return "request " + std::to_string(i) + " differs";
+        }
       }
       return std::string();
     }));

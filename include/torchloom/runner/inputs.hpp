@@ -46,6 +46,31 @@ inline void check_input_count(const std::string& model, const input_signature& s
   }
 }
 
+//! The rules of an input's declaration, each on its own: the data type, the shape (-1: any
+//! size) and the batch bound (the first dimension).
+inline bool dtype_fits(const input_spec& spec, c10::ScalarType dtype) noexcept {
+  return !spec.dtype || dtype == *spec.dtype;
+}
+inline bool shape_fits(const input_spec& spec, c10::IntArrayRef sizes) noexcept {
+  if (!spec.shape) return true;
+  const auto& want = *spec.shape;
+  if (sizes.size() != want.size()) return false;
+  for (std::size_t d = 0; d < want.size(); ++d) {
+    if (want[d] >= 0 && want[d] != sizes[d]) return false;
+  }
+  return true;
+}
+inline bool batch_fits(const input_spec& spec, c10::IntArrayRef sizes) noexcept {
+  return spec.max_batch_size <= 0 || sizes.empty() || sizes[0] <= spec.max_batch_size;
+}
+
+//! Whether a tensor of `dtype` and `sizes` passes check_tensor_input's rules for `spec`,
+//! without making one (a server checks a request's inputs before it gathers them).
+inline bool fits_input(const input_spec& spec, c10::ScalarType dtype,
+                       c10::IntArrayRef sizes) noexcept {
+  return dtype_fits(spec, dtype) && shape_fits(spec, sizes) && batch_fits(spec, sizes);
+}
+
 //! Checks tensor input `i` against its declaration. Returns whether it must be moved to
 //! `device` (a CPU tensor for another device).
 inline bool check_tensor_input(const std::string& model, const input_signature& sig,
@@ -55,24 +80,17 @@ inline bool check_tensor_input(const std::string& model, const input_signature& 
     throw error(errc::bad_input, model,
                 concat(input_label(sig, i), " must be a Tensor, got ", describe_tensor(t)));
   }
-  if (spec.dtype && t.scalar_type() != *spec.dtype) {
+  if (!dtype_fits(spec, t.scalar_type())) {
     throw error(errc::bad_input, model,
                 concat(input_label(sig, i), " must be ", dtype_name(*spec.dtype), ", got ",
                        describe_tensor(t)));
   }
-  if (spec.shape) {
-    const auto& want = *spec.shape;
-    bool ok = static_cast<std::size_t>(t.dim()) == want.size();
-    for (std::size_t d = 0; ok && d < want.size(); ++d) {
-      ok = want[d] < 0 || want[d] == t.size(static_cast<std::int64_t>(d));
-    }
-    if (!ok) {
-      throw error(errc::bad_input, model,
-                  concat(input_label(sig, i), " must have shape ", c10::IntArrayRef(want),
-                         " (-1: any size), got ", describe_tensor(t)));
-    }
+  if (!shape_fits(spec, t.sizes())) {
+    throw error(errc::bad_input, model,
+                concat(input_label(sig, i), " must have shape ", c10::IntArrayRef(*spec.shape),
+                       " (-1: any size), got ", describe_tensor(t)));
   }
-  if (spec.max_batch_size > 0 && t.dim() > 0 && t.size(0) > spec.max_batch_size) {
+  if (!batch_fits(spec, t.sizes())) {
     throw error(errc::bad_input, model,
                 concat(input_label(sig, i), " has a batch of ", t.size(0),
                        "; the model's max_batch_size is ", spec.max_batch_size));
