@@ -14,6 +14,9 @@
 #include "any_runner.hpp"
 #include "backend_errors.hpp"
 #include "io_binding.hpp"
+#if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
+#include "pinned_staging.hpp"
+#endif
 #include "string_tensors.hpp"
 #include "triton/backend/backend_common.h"
 #include "triton/backend/backend_input_collector.h"
@@ -37,10 +40,12 @@
 #include <ATen/Functions.h>
 #include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
+#include <c10/util/SmallVector.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <memory>
@@ -603,10 +608,21 @@ class instance_state : public tb::BackendModelInstance {
 #endif
     bind_inputs();
     bind_outputs();
+    // run_single serves plain tensors in and out; on a GPU it stages through pinned memory,
+    // which ENABLE_PINNED_INPUT and ENABLE_PINNED_OUTPUT set to false rule out.
+    single_ = !dict_ && !strings_ &&
+              std::all_of(inputs_.begin(), inputs_.end(),
+                          [](const input_binding& b) { return b.decl->kind == input_kind::tensor; }) &&
+              std::all_of(model->outputs().begin(), model->outputs().end(),
+                          [](const output_decl& o) { return !o.state && !o.batch && !o.is_string; }) &&
+              (!device_.is_cuda() || (model->EnablePinnedInput() && model->EnablePinnedOutput()));
   }
 
   ~instance_state() override {
     runner_.reset();
+#if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
+    in_device_ = at::Tensor();
+#endif
     empty_cache();
   }
 
@@ -880,6 +896,11 @@ class instance_state : public tb::BackendModelInstance {
   // Runs one group: gathers its inputs, runs the model, sends the outputs to its responses
   // (a response set to null has had its error sent).
   void run_group(group& g);
+  std::vector<at::Tensor> checked_outputs(const group& g,
+                                          const std::vector<c10::IValue>& outputs) const;
+  // One request on its own, without the collector and the responder, where it fits; false,
+  // with nothing done, where it does not.
+  bool run_single(group& g);
 
   // The model's outputs, flattened (a tensor or a list of strings each), on `values` in
   // argument order (or the one Dict[str, Tensor]).
@@ -900,11 +921,18 @@ class instance_state : public tb::BackendModelInstance {
   cuda::event run_began_;
   cuda::event run_ended_;
 #endif
+#if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
+  // A single request's host inputs and outputs on their way to and from the GPU (run_single).
+  pinned_staging in_host_;
+  pinned_staging out_host_;
+  at::Tensor in_device_;
+#endif
   std::unique_ptr<any_runner> runner_;
   std::vector<input_binding> inputs_;  // in argument order
   std::vector<std::size_t> output_index_;  // per model_->outputs(): the model's output
   bool dict_ = false;
   bool strings_ = false;  // strings in or out: the model runs on IValues
+  bool single_ = false;   // run_single may take a request alone
 };
 
 std::int64_t instance_state::check_request(TRITONBACKEND_Request* request) const {
@@ -1137,6 +1165,259 @@ bool instance_state::requested(TRITONBACKEND_Request* request, const std::string
   return false;
 }
 
+// One request alone, each input one buffer in host memory or on the instance's GPU, every
+// output a tensor: served without the collector and the responder. A CPU instance reads the
+// request's buffers in place. A GPU instance stages its host inputs through one pinned buffer
+// and one copy to the GPU on the run stream, and copies each output on the same stream into
+// the response's buffer (through a pinned buffer where that is pageable host memory); the
+// host waits once, for all of it. Returns false, having done nothing, when the request does
+// not fit (an input in several buffers or on another device, an optional input left out, a
+// byte size that does not match its shape): run_group then takes it, and says what is wrong.
+bool instance_state::run_single(group& g) {
+  if (!single_ || g.requests.size() != 1 || g.responses[0] == nullptr) return false;
+  const std::string& name = model_->spec().name;
+  TRITONBACKEND_Request* request = g.requests[0];
+  const bool batching = model_->MaxBatchSize() > 0;
+  const bool staged = device_.is_cuda() && one_stream();
+  const auto aligned = [](std::size_t n) { return (n + 255) / 256 * 256; };
+  struct in_piece {
+    const input_decl* decl;
+    const void* data;
+    std::size_t bytes;
+    c10::SmallVector<std::int64_t, 6> shape;
+    bool host;            // in host memory
+    std::size_t offset;   // in the staging buffers, where staged
+  };
+  c10::SmallVector<in_piece, 8> pieces;
+  std::size_t host_bytes = 0;
+  for (const auto& b : inputs_) {
+    const input_decl& d = *b.decl;
+    TRITONBACKEND_Input* input = nullptr;
+    const std::int64_t* dims = nullptr;
+    std::uint32_t rank = 0;
+    std::uint64_t bytes = 0;
+    std::uint32_t buffers = 0;
+    if (!succeeded(TRITONBACKEND_RequestInput(request, d.name.c_str(), &input)) ||
+        !succeeded(TRITONBACKEND_InputPropertiesForHostPolicy(
+            input, HostPolicyName().c_str(), nullptr, nullptr, &dims, &rank, &bytes, &buffers)) ||
+        buffers != 1) {
+      return false;
+    }
+    const void* data = nullptr;
+    std::uint64_t size = 0;
+    TRITONSERVER_MemoryType type = TRITONSERVER_MEMORY_CPU;
+    std::int64_t id = 0;
+    if (!succeeded(TRITONBACKEND_InputBufferForHostPolicy(input, HostPolicyName().c_str(), 0,
+                                                          &data, &size, &type, &id))) {
+      return false;
+    }
+    in_piece p{&d, data, size, {dims, dims + rank}, type != TRITONSERVER_MEMORY_GPU, 0};
+    if (batching && !p.shape.empty()) p.shape[0] = g.batch;
+    std::int64_t elements = 1;
+    for (const auto n : p.shape) elements *= n;
+    if (static_cast<std::uint64_t>(elements) * c10::elementSize(*d.dtype) != size) return false;
+    if (!p.host && !(device_.is_cuda() && id == device_.index())) return false;
+    if (p.host && staged) {
+      p.offset = host_bytes;
+      host_bytes += aligned(size);
+    }
+    pieces.push_back(std::move(p));
+  }
+
+  // From here on the request is this path's. Work queued on the copy stream is waited for
+  // however the run ends: the request's and the response's buffers go after it.
+  struct queued_work {
+    instance_state* self;
+    bool pending;
+    ~queued_work() {
+      if (pending) self->synchronize_quietly();
+    }
+  } queued{this, staged};
+  [[maybe_unused]] char* device_in = nullptr;
+#if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
+  if (host_bytes > 0) {
+    char* host_in = in_host_.reserve(host_bytes, name);
+    if (!in_device_.defined() || in_device_.nbytes() < host_bytes) {
+      in_device_ = at::Tensor();
+      in_device_ = at::empty({static_cast<std::int64_t>(std::max<std::size_t>(
+                                 host_bytes, std::size_t{64} << 10))},
+                             at::TensorOptions().dtype(at::kByte).device(device_));
+    }
+    device_in = static_cast<char*>(in_device_.data_ptr());
+    for (const auto& p : pieces) {
+      if (p.host && p.bytes > 0) std::memcpy(host_in + p.offset, p.data, p.bytes);
+    }
+    cuda::check(cudaMemcpyAsync(device_in, host_in, host_bytes, cudaMemcpyHostToDevice,
+                                run_stream_.get()),
+                name, "copying a request's inputs to the GPU");
+  }
+#endif
+  std::vector<c10::IValue> values;
+  values.reserve(pieces.size());
+  for (const auto& p : pieces) {
+    const c10::Device where = p.host && !staged ? c10::Device(c10::kCPU) : device_;
+    void* data = p.host && staged ? device_in + p.offset : const_cast<void*>(p.data);
+    const auto options = at::TensorOptions().dtype(*p.decl->dtype).device(where);
+    values.emplace_back(p.bytes == 0 ? at::empty(p.shape, options)
+                                     : at::for_blob(data, p.shape)
+                                           .options(options)
+                                           .target_device(where)
+                                           .make_tensor());
+  }
+
+  g.compute_start = now_ns();
+  const bool timed = one_stream();
+  if (timed) mark_run(true);
+  const std::vector<c10::IValue> outputs = run_model(std::move(values));
+  std::vector<at::Tensor> out_tensors = checked_outputs(g, outputs);
+  wait_for_other_gpus(out_tensors);
+  std::uint64_t launched = 0;
+  if (timed) {
+    mark_run(false);
+    launched = now_ns();
+  } else {
+    wait_for_device();
+    g.compute_end = now_ns();
+  }
+
+  // The outputs, each into the response's buffer: copies from the GPU go on the run stream;
+  // copies between host buffers wait until the host has waited for it (an output in host
+  // memory may still be written by a copy the model queued).
+  struct host_copy {
+    void* to;
+    const void* from;
+    std::size_t bytes;
+  };
+  c10::SmallVector<host_copy, 8> after_wait;
+  std::size_t staged_out = 0;
+  for (auto& t : out_tensors) {
+    if (!t.defined()) continue;
+    if (t.is_cuda() && !timed) t = t.to(c10::kCPU);  // no stream of ours to copy on
+    if (t.is_cuda()) staged_out += aligned(t.nbytes());
+  }
+  [[maybe_unused]] char* host_out = nullptr;
+#if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
+  if (staged_out > 0) host_out = out_host_.reserve(staged_out, name);
+#endif
+  [[maybe_unused]] std::size_t offset = 0;
+  bool other_stream = false;  // a copy CopyBuffer queued on copy_stream()
+  for (std::size_t i = 0; i < model_->outputs().size(); ++i) {
+    const output_decl& o = model_->outputs()[i];
+    if (!requested(request, o.name)) continue;
+    const at::Tensor& t = out_tensors[i];
+    TRITONBACKEND_Output* output = nullptr;
+    check_triton(TRITONBACKEND_ResponseOutput(g.responses[0], &output, o.name.c_str(),
+                                              triton_type(t.scalar_type()), t.sizes().data(),
+                                              static_cast<std::uint32_t>(t.dim())),
+                 name, detail::concat("output '", o.name, "'"), errc::run_failed);
+    const std::size_t bytes = t.nbytes();
+    if (bytes == 0) continue;
+    const auto from_type = t.is_cuda() ? TRITONSERVER_MEMORY_GPU : TRITONSERVER_MEMORY_CPU;
+    const std::int64_t from_id = t.is_cuda() ? t.device().index() : 0;
+    void* buffer = nullptr;
+    TRITONSERVER_MemoryType type = from_type;
+    std::int64_t id = from_id;
+    check_triton(TRITONBACKEND_OutputBuffer(output, &buffer, bytes, &type, &id), name,
+                 detail::concat("output '", o.name, "'"), errc::run_failed);
+    const void* data = t.data_ptr();
+    if (from_type != TRITONSERVER_MEMORY_GPU && type != TRITONSERVER_MEMORY_GPU) {
+      after_wait.push_back({buffer, data, bytes});
+      continue;
+    }
+#if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
+    if (from_type == TRITONSERVER_MEMORY_GPU && type == TRITONSERVER_MEMORY_CPU) {
+      char* stage = host_out + offset;
+      offset += aligned(bytes);
+      cuda::check(cudaMemcpyAsync(stage, data, bytes, cudaMemcpyDeviceToHost, run_stream_.get()),
+                  name, detail::concat("copying output '", o.name, "' from the GPU"));
+      after_wait.push_back({buffer, stage, bytes});
+      continue;
+    }
+#endif
+    bool cuda_used = false;
+    queued.pending = true;
+    check_triton(tb::CopyBuffer(o.name, from_type, from_id, type, id, bytes, data, buffer,
+                                copy_stream(), &cuda_used),
+                 name, detail::concat("output '", o.name, "'"), errc::run_failed);
+    other_stream = other_stream || cuda_used;
+  }
+  if (timed || other_stream) synchronize();
+  queued.pending = false;
+  if (timed) g.compute_end = timed_compute_end(g.compute_start, launched);
+  for (const auto& c : after_wait) std::memcpy(c.to, c.from, c.bytes);
+  g.ran = true;
+  return true;
+}
+
+// The tensors the responses are made from, one per configured output (undefined for a string
+// output), each checked against the configuration and made contiguous. Throws run_failed for
+// the first that does not fit: a bad output fails the whole batch.
+std::vector<at::Tensor> instance_state::checked_outputs(const group& g,
+                                                        const std::vector<c10::IValue>& outputs) const {
+  const std::string& name = model_->spec().name;
+  const bool batching = model_->MaxBatchSize() > 0;
+  std::vector<at::Tensor> out_tensors(model_->outputs().size());
+  for (std::size_t i = 0; i < model_->outputs().size(); ++i) {
+    const output_decl& o = model_->outputs()[i];
+    const std::size_t index = output_index_[i];
+    if (index >= outputs.size()) {
+      throw error(errc::run_failed, name,
+                  detail::concat("the model configuration's ", o.state ? "state output '"
+                                                                     : "output '",
+                                 o.name, "' is output ", index, " of the model, but it returned ",
+                                 outputs.size()));
+    }
+    const c10::IValue& v = outputs[index];
+    if (o.is_string) {
+      if (!v.isList() || !v.type()->isSubtypeOf(*c10::ListType::ofStrings())) {
+        throw error(errc::run_failed, name,
+                    detail::concat("output '", o.name, "' is TYPE_STRING, but the model returned ",
+                                   detail::describe_ivalue(v), " for it, not a List[str]"));
+      }
+      const auto n = static_cast<std::int64_t>(v.toListRef().size());
+      if (batching && n != g.batch) {
+        throw error(errc::run_failed, name,
+                    detail::concat("output '", o.name, "' has ", n, " strings; a batch of ",
+                                   g.batch, " needs one per row"));
+      }
+      continue;
+    }
+    if (!v.isTensor()) {
+      throw error(errc::run_failed, name,
+                  detail::concat("output '", o.name, "' is ", detail::describe_ivalue(v),
+                                 ", not a tensor"));
+    }
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) {
+      throw error(errc::run_failed, name,
+                  detail::concat("output '", o.name, "' is an undefined tensor"));
+    }
+    if (t.layout() != c10::kStrided || !(t.device().is_cpu() || t.device().is_cuda())) {
+      throw error(errc::run_failed, name,
+                  detail::concat("output '", o.name, "' is a ", t.layout(), " tensor on ",
+                                 t.device(), "; Triton takes dense tensors in CPU or CUDA "
+                                 "memory"));
+    }
+    if (triton_type(t.scalar_type()) == TRITONSERVER_TYPE_INVALID) {
+      throw error(errc::run_failed, name,
+                  detail::concat("output '", o.name, "' is ", t.scalar_type(),
+                                 ", which Triton has no data type for"));
+    }
+    if (o.dtype && t.scalar_type() != *o.dtype) {
+      throw error(errc::run_failed, name,
+                  detail::concat("output '", o.name, "' is ", t.scalar_type(),
+                                 " but the model configuration declares ", *o.dtype));
+    }
+    if (batching && !o.batch && (t.dim() == 0 || t.size(0) != g.batch)) {
+      throw error(errc::run_failed, name,
+                  detail::concat("output '", o.name, "' has shape ", t.sizes(), "; a batch of ",
+                                 g.batch, " needs ", g.batch, " rows in its first dimension"));
+    }
+    out_tensors[i] = t.contiguous();
+  }
+  return out_tensors;
+}
+
 void instance_state::run_group(group& g) {
   const std::string& name = model_->spec().name;
   const bool batching = model_->MaxBatchSize() > 0;
@@ -1158,6 +1439,8 @@ void instance_state::run_group(group& g) {
     on_stream.emplace(c10::cuda::getStreamFromExternal(run_stream_.get(), device_.index()));
   }
 #endif
+
+  if (run_single(g)) return;
 
   // Gather. The collector lives as long as the run: its buffers back the input tensors, and
   // an output may be one of them. The responder is made once the outputs are checked; the
@@ -1272,65 +1555,7 @@ void instance_state::run_group(group& g) {
   if (dict_) values = {c10::IValue(std::move(dict))};
   outputs = run_model(std::move(values));
   // Each output is checked before any is sent: a bad one fails the whole batch.
-  out_tensors.resize(model_->outputs().size());
-  for (std::size_t i = 0; i < model_->outputs().size(); ++i) {
-    const output_decl& o = model_->outputs()[i];
-    const std::size_t index = output_index_[i];
-    if (index >= outputs.size()) {
-      throw error(errc::run_failed, name,
-                  detail::concat("the model configuration's ", o.state ? "state output '"
-                                                                     : "output '",
-                                 o.name, "' is output ", index, " of the model, but it returned ",
-                                 outputs.size()));
-    }
-    const c10::IValue& v = outputs[index];
-    if (o.is_string) {
-      if (!v.isList() || !v.type()->isSubtypeOf(*c10::ListType::ofStrings())) {
-        throw error(errc::run_failed, name,
-                    detail::concat("output '", o.name, "' is TYPE_STRING, but the model returned ",
-                                   detail::describe_ivalue(v), " for it, not a List[str]"));
-      }
-      const auto n = static_cast<std::int64_t>(v.toListRef().size());
-      if (batching && n != g.batch) {
-        throw error(errc::run_failed, name,
-                    detail::concat("output '", o.name, "' has ", n, " strings; a batch of ",
-                                   g.batch, " needs one per row"));
-      }
-      continue;
-    }
-    if (!v.isTensor()) {
-      throw error(errc::run_failed, name,
-                  detail::concat("output '", o.name, "' is ", detail::describe_ivalue(v),
-                                 ", not a tensor"));
-    }
-    const at::Tensor& t = v.toTensor();
-    if (!t.defined()) {
-      throw error(errc::run_failed, name,
-                  detail::concat("output '", o.name, "' is an undefined tensor"));
-    }
-    if (t.layout() != c10::kStrided || !(t.device().is_cpu() || t.device().is_cuda())) {
-      throw error(errc::run_failed, name,
-                  detail::concat("output '", o.name, "' is a ", t.layout(), " tensor on ",
-                                 t.device(), "; Triton takes dense tensors in CPU or CUDA "
-                                 "memory"));
-    }
-    if (triton_type(t.scalar_type()) == TRITONSERVER_TYPE_INVALID) {
-      throw error(errc::run_failed, name,
-                  detail::concat("output '", o.name, "' is ", t.scalar_type(),
-                                 ", which Triton has no data type for"));
-    }
-    if (o.dtype && t.scalar_type() != *o.dtype) {
-      throw error(errc::run_failed, name,
-                  detail::concat("output '", o.name, "' is ", t.scalar_type(),
-                                 " but the model configuration declares ", *o.dtype));
-    }
-    if (batching && !o.batch && (t.dim() == 0 || t.size(0) != g.batch)) {
-      throw error(errc::run_failed, name,
-                  detail::concat("output '", o.name, "' has shape ", t.sizes(), "; a batch of ",
-                                 g.batch, " needs ", g.batch, " rows in its first dimension"));
-    }
-    out_tensors[i] = t.contiguous();
-  }
+  out_tensors = checked_outputs(g, outputs);
   wait_for_other_gpus(out_tensors);
   std::uint64_t launched = 0;
   if (timed) {

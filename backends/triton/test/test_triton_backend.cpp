@@ -97,6 +97,21 @@ output [ { name: "out" data_type: TYPE_FP32 dims: [ 6, 4 ] } ]
 )";
 
 // The model repository, written once: every model uses `backend: "torchloom"`.
+// mixed_io: FP32 [3], INT64 [5] and FP16 [1] in; four outputs of 12, 40, 4 and 4 bytes a row.
+const char* const mixed_io_source = R"(
+def forward(self, a, b, c):
+    return a * 2.0, b + 1, c.float() * 0.5, a.sum(1, keepdim=True) + b.sum(1, keepdim=True).float()
+)";
+const std::string mixed_io_config = R"(
+input [ { name: "a" data_type: TYPE_FP32 dims: [ 3 ] },
+        { name: "b" data_type: TYPE_INT64 dims: [ 5 ] },
+        { name: "c" data_type: TYPE_FP16 dims: [ 1 ] } ]
+output [ { name: "a2" data_type: TYPE_FP32 dims: [ 3 ] },
+         { name: "b1" data_type: TYPE_INT64 dims: [ 5 ] },
+         { name: "c32" data_type: TYPE_FP32 dims: [ 1 ] },
+         { name: "s" data_type: TYPE_FP32 dims: [ 1 ] } ]
+)";
+
 struct repository {
   temp_dir dir;
   at::Tensor table0;
@@ -145,6 +160,9 @@ struct repository {
 input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
 output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
 )";
+    // Inputs and outputs of three types and odd sizes: a lone request's bytes must land where
+    // each belongs, whichever way the backend moves them.
+    add_script("mixed_io", mixed_io_source, "max_batch_size: 8\n" + mixed_io_config);
     // An output torch cannot copy to the CPU (a meta tensor holds no data).
     add_script("meta_out", "def forward(self, x):\n    return x.to(\"meta\")\n",
                "max_batch_size: 8\n" + vec4);
@@ -293,6 +311,7 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]
       return "parameters { key: \"" + k + "\" value { string_value: \"" + v + "\" } }\n";
     };
     add_mlp("gpu_mlp", gpu0 + "dynamic_batching { max_queue_delay_microseconds: 500 }\n");
+    add_script("gpu_mixed_io", mixed_io_source, "max_batch_size: 8\n" + mixed_io_config + gpu0);
     for (const std::string stream : {"caller", "pool", "adaptive", "green"}) {
       for (const std::string graphs : {"false", "true"}) {
         std::string extra = gpu0 + param("TORCHLOOM_STREAM", stream) +
@@ -691,6 +710,75 @@ TEST_CASE("an exception from torch after the run fails the request, never the se
   CHECK(core().ready("meta_out"));
   // The instance survives: the next request gets the same clean error.
   CHECK(core().infer("meta_out", {vec_input("x", x)}).error.has_value());
+}
+
+// Sends lone requests of batch 1 and 3 to a mixed_io model, all outputs and two of them, with
+// input `a` in one buffer and in two (the backend then gathers it with Triton's collector),
+// and checks every output's name, type, shape and bytes. `in_device`: where the inputs are;
+// `options`: where the outputs go.
+void check_mixed_io(const std::string& model, c10::Device in_device,
+                    const tt::request_options& options = {}) {
+  require_loaded(model);
+  for (const std::int64_t rows : {1, 3}) {
+    const at::Tensor a = torch::randn({rows, 3});
+    const at::Tensor b = torch::randint(-1000, 1000, {rows, 5}, torch::kInt64);
+    const at::Tensor c = torch::randn({rows, 1}).to(torch::kHalf);
+    const std::map<std::string, at::Tensor> expected = {
+        {"a2", a * 2.0},
+        {"b1", b + 1},
+        {"c32", c.to(torch::kFloat) * 0.5},
+        {"s", a.sum(1, true) + b.sum(1, true).to(torch::kFloat)}};
+    const at::Tensor a_in = a.to(in_device);
+    const at::Tensor b_in = b.to(in_device);
+    const at::Tensor c_in = c.to(in_device);
+#if TORCHLOOM_HAS_CUDA
+    if (in_device.is_cuda()) torch::cuda::synchronize();
+#endif
+    const auto memory = in_device.is_cuda() ? TRITONSERVER_MEMORY_GPU : TRITONSERVER_MEMORY_CPU;
+    const auto input = [&](const char* name, TRITONSERVER_DataType type, const at::Tensor& t) {
+      tt::tensor_in in{name, type, t.sizes().vec(), t.data_ptr(), t.nbytes(), memory, 0};
+      return in;
+    };
+    for (const std::size_t pieces : {std::size_t{1}, std::size_t{2}}) {
+      for (const bool some : {false, true}) {
+        INFO(model << ": rows " << rows << ", input a in " << pieces << " buffer(s), "
+                   << (some ? "outputs b1 and s" : "every output"));
+        tt::tensor_in in_a = input("a", TRITONSERVER_TYPE_FP32, a_in);
+        in_a.pieces = pieces;
+        tt::request_options o = options;
+        if (some) o.outputs = {"b1", "s"};
+        const auto r = core().infer(model,
+                                    {in_a, input("b", TRITONSERVER_TYPE_INT64, b_in),
+                                     input("c", TRITONSERVER_TYPE_FP16, c_in)},
+                                    o);
+        INFO(error_text(r));
+        REQUIRE_FALSE(r.error.has_value());
+        CHECK(r.outputs.size() == (some ? 2U : 4U));
+        for (const auto& out : r.outputs) {
+          INFO("output " << out.name);
+          REQUIRE(expected.count(out.name) == 1);
+          if (some) CHECK((out.name == "b1" || out.name == "s"));
+          const at::Tensor& want = expected.at(out.name);
+          CHECK(out.dtype == (want.scalar_type() == torch::kInt64 ? TRITONSERVER_TYPE_INT64
+                                                                   : TRITONSERVER_TYPE_FP32));
+          CHECK(out.shape == want.sizes().vec());
+          REQUIRE(out.data.size() == want.nbytes());
+          if (out.name == "s") {  // a sum: the GPU may add in another order
+            const at::Tensor got = torch::from_blob(const_cast<char*>(out.data.data()),
+                                                    want.sizes(), torch::kFloat);
+            CHECK(torch::allclose(got, want, 1e-5, 1e-3));
+          } else {
+            CHECK(std::memcmp(out.data.data(), want.data_ptr(), want.nbytes()) == 0);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("a lone request with inputs and outputs of several types and sizes gets its own bytes",
+          "[triton]") {
+  check_mixed_io("mixed_io", c10::Device(c10::kCPU));
 }
 
 #if !TORCHLOOM_TRITON_GPU_CORE
@@ -1162,6 +1250,23 @@ TEST_CASE("KIND_GPU instances: inputs and outputs in host or device memory", "[t
       CHECK(r.outputs[0].memory_type == rt.out);
       CHECK(torch::allclose(output_tensor(r), expected, 1e-4, 1e-5));
     }
+  }
+#endif
+}
+
+TEST_CASE("KIND_GPU: a lone request's inputs and outputs of several types, host or device memory",
+          "[triton][cuda]") {
+  REQUIRE_GPU_CORE();
+#if TORCHLOOM_HAS_CUDA
+  tt::request_options to_gpu;
+  to_gpu.memory = &device_outputs();
+  SECTION("host in, host out") { check_mixed_io("gpu_mixed_io", c10::Device(c10::kCPU)); }
+  SECTION("device in, host out") { check_mixed_io("gpu_mixed_io", c10::Device(c10::kCUDA, 0)); }
+  SECTION("host in, device out") {
+    check_mixed_io("gpu_mixed_io", c10::Device(c10::kCPU), to_gpu);
+  }
+  SECTION("device in, device out") {
+    check_mixed_io("gpu_mixed_io", c10::Device(c10::kCUDA, 0), to_gpu);
   }
 #endif
 }
