@@ -13,9 +13,10 @@
 
 #include "any_runner.hpp"
 #include "backend_errors.hpp"
+#include "host_copy.hpp"
 #include "io_binding.hpp"
 #if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
-#include "pinned_staging.hpp"
+#include "in_flight.hpp"
 #endif
 #include "string_tensors.hpp"
 #include "triton/backend/backend_common.h"
@@ -60,6 +61,10 @@ namespace torchloom::triton_backend {
 namespace tb = triton::backend;
 namespace fs = std::filesystem;
 using triton::common::TritonJson;
+
+//! What each of a GPU instance's request slots (in_flight) holds from the start for a
+//! request's inputs, on the host and on the device, and for its outputs on the host.
+constexpr std::size_t staging_bytes = std::size_t{64} << 10;
 
 //! The parameters this backend reads itself; every other parameter is a runner option.
 const std::vector<std::string> backend_keys = {"TORCHLOOM_STREAM", "TORCHLOOM_RESIDENCY",
@@ -616,13 +621,32 @@ class instance_state : public tb::BackendModelInstance {
               std::all_of(model->outputs().begin(), model->outputs().end(),
                           [](const output_decl& o) { return !o.state && !o.batch && !o.is_string; }) &&
               (!device_.is_cuda() || (model->EnablePinnedInput() && model->EnablePinnedOutput()));
+#if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
+    if (single_ && run_stream_) {
+      in_flight_ = std::make_unique<in_flight>(
+          device_.index(), [this](request_slot& s) noexcept { answer(s); });
+      // Each slot's events and staging buffers now, so that serving allocates nothing until a
+      // request needs more room than staging_bytes.
+      const c10::cuda::CUDAStreamGuard on_run(
+          c10::cuda::getStreamFromExternal(run_stream_.get(), device_.index()));
+      in_flight_->prepare([&](request_slot& s) {
+        s.began = cuda::event(name, cudaEventDefault);
+        s.ended = cuda::event(name, cudaEventDefault);
+        s.done = cuda::event(name);
+        (void)s.host_in.reserve(staging_bytes, name);
+        (void)s.host_out.reserve(staging_bytes, name);
+        s.device_in = at::empty({static_cast<std::int64_t>(staging_bytes)},
+                                at::TensorOptions().dtype(at::kByte).device(device_));
+      });
+    }
+#endif
   }
 
   ~instance_state() override {
-    runner_.reset();
 #if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
-    in_device_ = at::Tensor();
+    in_flight_.reset();  // every request answered, its slot's buffers gone
 #endif
+    runner_.reset();
     empty_cache();
   }
 
@@ -638,9 +662,11 @@ class instance_state : public tb::BackendModelInstance {
     std::vector<std::uint32_t> index;  // in execute()'s arrays
     std::vector<std::int64_t> rows;    // each request's, by its first input
     std::int64_t batch = 0;            // their sum
+    std::uint64_t exec_start = 0;
     std::uint64_t compute_start = 0;
     std::uint64_t compute_end = 0;
     bool ran = false;  // the model ran and its outputs went to the responses
+    bool handed_off = false;  // its request is in_flight_'s to answer and release
   };
 
   void bind_inputs() {
@@ -858,30 +884,42 @@ class instance_state : public tb::BackendModelInstance {
   // timing, where one_stream().
   void mark_run([[maybe_unused]] bool began) {
 #if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
-    const cudaEvent_t e = began ? run_began_.get() : run_ended_.get();
+    mark_run(began ? run_began_.get() : run_ended_.get());
+#endif
+  }
+#if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
+  void mark_run(cudaEvent_t e) {
     if (const cudaError_t err = cudaEventRecord(e, run_stream_.get()); err != cudaSuccess) {
       (void)cudaGetLastError();
       throw error(errc::cuda_error, model_->spec().name,
                   detail::concat("timing the model's run: ", cudaGetErrorString(err)));
     }
-#endif
   }
+#endif
 
   // The compute end of a run timed by mark_run(), once its device work is done:
   // `compute_start` plus the device time between the marks, within [`launched`, now].
-  std::uint64_t timed_compute_end([[maybe_unused]] std::uint64_t compute_start,
-                                  std::uint64_t launched) const {
-    std::uint64_t end = launched;
+  std::uint64_t timed_compute_end(std::uint64_t compute_start, std::uint64_t launched) const {
 #if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
+    return timed_compute_end(compute_start, launched, run_began_.get(), run_ended_.get());
+#else
+    (void)compute_start;
+    return std::min(launched, now_ns());
+#endif
+  }
+#if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
+  static std::uint64_t timed_compute_end(std::uint64_t compute_start, std::uint64_t launched,
+                                         cudaEvent_t began, cudaEvent_t ended) {
+    std::uint64_t end = launched;
     float ms = 0;
-    if (cudaEventElapsedTime(&ms, run_began_.get(), run_ended_.get()) == cudaSuccess) {
+    if (cudaEventElapsedTime(&ms, began, ended) == cudaSuccess) {
       end = std::max(launched, compute_start + static_cast<std::uint64_t>(ms * 1e6));
     } else {
       (void)cudaGetLastError();
     }
-#endif
     return std::min(end, now_ns());
   }
+#endif
 
   void empty_cache() const {
 #if TORCHLOOM_HAS_CUDA
@@ -901,6 +939,11 @@ class instance_state : public tb::BackendModelInstance {
   // One request on its own, without the collector and the responder, where it fits; false,
   // with nothing done, where it does not.
   bool run_single(group& g);
+#if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
+  // Waits for a slot's device work and answers and releases its request (in_flight_'s
+  // thread).
+  void answer(request_slot& s) noexcept;
+#endif
 
   // The model's outputs, flattened (a tensor or a list of strings each), on `values` in
   // argument order (or the one Dict[str, Tensor]).
@@ -922,10 +965,8 @@ class instance_state : public tb::BackendModelInstance {
   cuda::event run_ended_;
 #endif
 #if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
-  // A single request's host inputs and outputs on their way to and from the GPU (run_single).
-  pinned_staging in_host_;
-  pinned_staging out_host_;
-  at::Tensor in_device_;
+  // The requests run_single queued on the GPU and has yet to answer, in their slots.
+  std::unique_ptr<in_flight> in_flight_;
 #endif
   std::unique_ptr<any_runner> runner_;
   std::vector<input_binding> inputs_;  // in argument order
@@ -1178,6 +1219,8 @@ bool instance_state::run_single(group& g) {
   const std::string& name = model_->spec().name;
   TRITONBACKEND_Request* request = g.requests[0];
   const bool batching = model_->MaxBatchSize() > 0;
+  // A GPU instance with its run stream (and so in_flight_) stages host bytes; without one
+  // (a CPU instance) the runner reads host memory as it is.
   const bool staged = device_.is_cuda() && one_stream();
   const auto aligned = [](std::size_t n) { return (n + 255) / 256 * 256; };
   struct in_piece {
@@ -1235,15 +1278,21 @@ bool instance_state::run_single(group& g) {
   } queued{this, staged};
   [[maybe_unused]] char* device_in = nullptr;
 #if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
+  // A GPU instance's request takes a slot: its staging buffers and events are this request's
+  // until it is answered, which may be after execute() returns (see in_flight).
+  request_slot* slot = staged ? &in_flight_->acquire() : nullptr;
+  if (slot != nullptr) {
+    slot->after_wait.clear();
+    slot->keep.clear();
+  }
   if (host_bytes > 0) {
-    char* host_in = in_host_.reserve(host_bytes, name);
-    if (!in_device_.defined() || in_device_.nbytes() < host_bytes) {
-      in_device_ = at::Tensor();
-      in_device_ = at::empty({static_cast<std::int64_t>(std::max<std::size_t>(
-                                 host_bytes, std::size_t{64} << 10))},
-                             at::TensorOptions().dtype(at::kByte).device(device_));
+    char* host_in = slot->host_in.reserve(host_bytes, name);
+    if (slot->device_in.nbytes() < host_bytes) {
+      slot->device_in = at::Tensor();
+      slot->device_in = at::empty({static_cast<std::int64_t>(host_bytes)},
+                                  at::TensorOptions().dtype(at::kByte).device(device_));
     }
-    device_in = static_cast<char*>(in_device_.data_ptr());
+    device_in = static_cast<char*>(slot->device_in.data_ptr());
     for (const auto& p : pieces) {
       if (p.host && p.bytes > 0) std::memcpy(host_in + p.offset, p.data, p.bytes);
     }
@@ -1266,38 +1315,37 @@ bool instance_state::run_single(group& g) {
   }
 
   g.compute_start = now_ns();
-  const bool timed = one_stream();
-  if (timed) mark_run(true);
+#if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
+  if (slot != nullptr) mark_run(slot->began.get());
+#endif
   const std::vector<c10::IValue> outputs = run_model(std::move(values));
   std::vector<at::Tensor> out_tensors = checked_outputs(g, outputs);
   wait_for_other_gpus(out_tensors);
-  std::uint64_t launched = 0;
-  if (timed) {
-    mark_run(false);
+  [[maybe_unused]] std::uint64_t launched = 0;
+#if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
+  if (slot != nullptr) {
+    mark_run(slot->ended.get());
     launched = now_ns();
-  } else {
+  }
+#endif
+  if (!staged) {
     wait_for_device();
     g.compute_end = now_ns();
   }
 
   // The outputs, each into the response's buffer: copies from the GPU go on the run stream;
-  // copies between host buffers wait until the host has waited for it (an output in host
-  // memory may still be written by a copy the model queued).
-  struct host_copy {
-    void* to;
-    const void* from;
-    std::size_t bytes;
-  };
+  // copies between host buffers wait until the device work before them is done (an output
+  // in host memory may still be written by a copy the model queued).
   c10::SmallVector<host_copy, 8> after_wait;
   std::size_t staged_out = 0;
   for (auto& t : out_tensors) {
     if (!t.defined()) continue;
-    if (t.is_cuda() && !timed) t = t.to(c10::kCPU);  // no stream of ours to copy on
+    if (t.is_cuda() && !staged) t = t.to(c10::kCPU);  // no stream of ours to copy on
     if (t.is_cuda()) staged_out += aligned(t.nbytes());
   }
   [[maybe_unused]] char* host_out = nullptr;
 #if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
-  if (staged_out > 0) host_out = out_host_.reserve(staged_out, name);
+  if (staged_out > 0) host_out = slot->host_out.reserve(staged_out, name);
 #endif
   [[maybe_unused]] std::size_t offset = 0;
   bool other_stream = false;  // a copy CopyBuffer queued on copy_stream()
@@ -1341,13 +1389,85 @@ bool instance_state::run_single(group& g) {
                  name, detail::concat("output '", o.name, "'"), errc::run_failed);
     other_stream = other_stream || cuda_used;
   }
-  if (timed || other_stream) synchronize();
+#if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
+  // Answered later, by in_flight_'s thread, once the device is done: execute() goes on to
+  // the next request meanwhile. (With ENABLE_CACHE_CLEANING the cache is emptied after the
+  // outputs go, so such a model's requests are answered here.)
+  if (slot != nullptr && !model_->cache_cleaning()) {
+    cuda::check(cudaEventRecord(slot->done.get(), run_stream_.get()), name, "cudaEventRecord");
+    slot->request = request;
+    slot->response = g.responses[0];
+    slot->exec_start = g.exec_start;
+    slot->compute_start = g.compute_start;
+    slot->launched = launched;
+    slot->batch = g.batch;
+    slot->after_wait = std::move(after_wait);
+    slot->keep = std::move(out_tensors);  // what the copies out read
+    in_flight_->hand_off(*slot);
+    queued.pending = false;
+    g.responses[0] = nullptr;
+    g.handed_off = true;
+    g.ran = true;
+    return true;
+  }
+#endif
+  if (staged || other_stream) synchronize();
   queued.pending = false;
-  if (timed) g.compute_end = timed_compute_end(g.compute_start, launched);
+#if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
+  if (slot != nullptr) {
+    g.compute_end = timed_compute_end(g.compute_start, launched, slot->began.get(),
+                                      slot->ended.get());
+  }
+#endif
   for (const auto& c : after_wait) std::memcpy(c.to, c.from, c.bytes);
   g.ran = true;
   return true;
 }
+
+#if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
+void instance_state::answer(request_slot& s) noexcept {
+  auto* request = static_cast<TRITONBACKEND_Request*>(s.request);
+  auto* response = static_cast<TRITONBACKEND_Response*>(s.response);
+  const cudaError_t waited = cudaEventSynchronize(s.done.get());
+  const bool ok = waited == cudaSuccess;
+  std::uint64_t compute_end = s.launched;
+  if (ok) {
+    compute_end = timed_compute_end(s.compute_start, s.launched, s.began.get(), s.ended.get());
+    for (const auto& c : s.after_wait) std::memcpy(c.to, c.from, c.bytes);
+  } else {
+    (void)cudaGetLastError();
+    // A device error surfaced after execute() returned: this request fails with it.
+    TRITONSERVER_Error* err = call_guarded(model_->spec().name, errc::cuda_error, [&] {
+      throw error(errc::cuda_error, model_->spec().name,
+                  detail::concat("waiting for the model's run and its copies: ",
+                                 cudaGetErrorString(waited)));
+    });
+    RESPOND_AND_SET_NULL_IF_ERROR(&response, err);
+  }
+  s.after_wait.clear();
+  s.keep.clear();
+  const std::uint64_t exec_end = now_ns();
+  LOG_IF_ERROR(TRITONBACKEND_ModelInstanceReportStatistics(TritonModelInstance(), request, ok,
+                                                           s.exec_start, s.compute_start,
+                                                           compute_end, exec_end),
+               "torchloom: failed to report statistics");
+  if (ok) {
+    LOG_IF_ERROR(TRITONBACKEND_ModelInstanceReportBatchStatistics(
+                     TritonModelInstance(), static_cast<std::uint64_t>(s.batch), s.exec_start,
+                     s.compute_start, compute_end, exec_end),
+                 "torchloom: failed to report batch statistics");
+  }
+  if (response != nullptr) {
+    LOG_IF_ERROR(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                                            nullptr),
+                 "torchloom: failed to send a response");
+  }
+  LOG_IF_ERROR(TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL),
+               "torchloom: failed to release a request");
+  s.request = nullptr;
+  s.response = nullptr;
+}
+#endif
 
 // The tensors the responses are made from, one per configured output (undefined for a string
 // output), each checked against the configuration and made contiguous. Throws run_failed for
@@ -1631,7 +1751,10 @@ void instance_state::execute(TRITONBACKEND_Request** requests, std::uint32_t cou
       RESPOND_AND_SET_NULL_IF_ERROR(&responses[r], err);
       continue;
     }
-    if (groups.empty() || !batching) groups.emplace_back();
+    if (groups.empty() || !batching) {
+      groups.emplace_back();
+      groups.back().exec_start = exec_start;
+    }
     groups.back().requests.push_back(requests[r]);
     groups.back().responses.push_back(responses[r]);
     groups.back().index.push_back(r);
@@ -1639,6 +1762,7 @@ void instance_state::execute(TRITONBACKEND_Request** requests, std::uint32_t cou
     groups.back().batch += rows;
   }
 
+  std::vector<char> handed(count, 0);
   for (auto& g : groups) {
     // Whatever escapes the run (a torchloom error, a c10::Error, an asynchronous CUDA error
     // surfacing in a copy) fails the requests of this group that have no answer yet.
@@ -1653,6 +1777,11 @@ void instance_state::execute(TRITONBACKEND_Request** requests, std::uint32_t cou
       g.ran = false;
     }
     for (std::size_t i = 0; i < g.index.size(); ++i) responses[g.index[i]] = g.responses[i];
+    if (g.handed_off) {
+      // in_flight_ answers, counts and releases it (it may have done so already): hands off.
+      for (const auto r : g.index) handed[r] = 1;
+      continue;
+    }
     if (!g.ran) {
       for (std::size_t i = 0; i < g.index.size(); ++i) {
         auto*& r = responses[g.index[i]];
@@ -1685,24 +1814,27 @@ void instance_state::execute(TRITONBACKEND_Request** requests, std::uint32_t cou
   std::vector<std::uint64_t> compute_end(count, exec_start);
   for (const auto& g : groups) {
     for (const auto r : g.index) {
+      if (g.handed_off) continue;
       compute_start[r] = g.compute_start ? g.compute_start : exec_start;
       compute_end[r] = g.compute_end ? g.compute_end : compute_start[r];
     }
   }
   for (std::uint32_t r = 0; r < count; ++r) {
+    if (handed[r] != 0) continue;
     LOG_IF_ERROR(TRITONBACKEND_ModelInstanceReportStatistics(TritonModelInstance(), requests[r],
                                                              ok[r], exec_start, compute_start[r],
                                                              compute_end[r], exec_end),
                  "torchloom: failed to report statistics");
   }
   for (const auto& g : groups) {
-    if (!g.ran) continue;  // no execution happened for Triton to count
+    if (!g.ran || g.handed_off) continue;  // no execution to count here
     LOG_IF_ERROR(TRITONBACKEND_ModelInstanceReportBatchStatistics(
                      TritonModelInstance(), static_cast<std::uint64_t>(g.batch), exec_start,
                      g.compute_start, g.compute_end, exec_end),
                  "torchloom: failed to report batch statistics");
   }
   for (std::uint32_t r = 0; r < count; ++r) {
+    if (handed[r] != 0) continue;
     LOG_IF_ERROR(TRITONBACKEND_RequestRelease(requests[r], TRITONSERVER_REQUEST_RELEASE_ALL),
                  "torchloom: failed to release a request");
   }

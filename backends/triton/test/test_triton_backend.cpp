@@ -1183,7 +1183,7 @@ std::int64_t reserved_bytes() {
 
 // The MLP through one model, against the runner called directly on the CPU: 4 threads, each
 // with batches of 1 and 3, enough runs for graphed<...> to capture and replay.
-void check_gpu_model(const std::string& model) {
+void check_gpu_model(const std::string& model, int threads = 4, int requests = 12) {
   INFO(model);
   const auto err = core().load(model);
   INFO((err ? err->message : std::string()));
@@ -1192,10 +1192,10 @@ void check_gpu_model(const std::string& model) {
   std::mutex mutex;
   std::string first;
   std::vector<std::thread> clients;
-  for (int t = 0; t < 4; ++t) {
+  for (int t = 0; t < threads; ++t) {
     clients.emplace_back([&, t] {
-      for (int i = 0; i < 12; ++i) {
-        const at::Tensor x = torch::randn({i % 2 == 0 ? 1 : 3, 64});
+      for (int i = 0; i < requests; ++i) {
+        const at::Tensor x = torch::randn({i % 2 == 0 ? 1 : 3 + (i + t) % 5, 64});
         const auto r = core().infer(model, {float_input("x", x)});
         std::string why;
         if (r.error) {
@@ -1252,6 +1252,17 @@ TEST_CASE("KIND_GPU instances: inputs and outputs in host or device memory", "[t
     }
   }
 #endif
+}
+
+// A GPU instance answers a request from a thread of its own once the device is done, while
+// it prepares the next: with 8 clients several requests are queued at once, each in its own
+// slot (inputs of several sizes, so slots grow while others are in flight).
+TEST_CASE("KIND_GPU: requests queued on the device at once each get their own answer",
+          "[triton][cuda]") {
+  REQUIRE_GPU_CORE();
+  for (const std::string model : {"gpu_caller", "gpu_caller_graphed", "gpu_pool_graphed"}) {
+    check_gpu_model(model, 8, 40);
+  }
 }
 
 TEST_CASE("KIND_GPU: a lone request's inputs and outputs of several types, host or device memory",
