@@ -86,8 +86,8 @@ class in_flight {
   void hand_off(request_slot& s) {
     {
       const std::lock_guard lock(mutex_);
+      queue_.push_back(&s);  // first: if it throws, the slot stays free
       s.busy = true;
-      queue_.push_back(&s);
       queued_.fetch_add(1, std::memory_order_release);
     }
     ++next_;

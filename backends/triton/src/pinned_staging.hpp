@@ -22,12 +22,14 @@ class pinned_staging {
     if (data_ != nullptr) (void)cudaFreeHost(data_);
   }
 
-  // At least `bytes`; what it held is lost when it grows, so nothing may be queued on it then.
-  // Throws cuda_error naming `model`.
-  char* reserve(std::size_t bytes, const std::string& model) {
+  // At least `bytes` (twice what it had, where that is more, up to `cap`); what it held is
+  // lost when it grows, so nothing may be queued on it then. Throws cuda_error naming `model`.
+  char* reserve(std::size_t bytes, const std::string& model,
+                std::size_t cap = std::size_t{8} << 20) {
     if (bytes <= size_) return data_;
     constexpr std::size_t step = std::size_t{64} << 10;
-    const std::size_t size = (std::max(bytes, 2 * size_) + step - 1) / step * step;
+    const std::size_t size =
+        (std::max(bytes, std::min(cap, 2 * size_)) + step - 1) / step * step;
     void* p = nullptr;
     cuda::check(cudaHostAlloc(&p, size, cudaHostAllocPortable), model,
                 detail::concat("cudaHostAlloc of ", size, " bytes to stage a request"));

@@ -63,8 +63,11 @@ namespace fs = std::filesystem;
 using triton::common::TritonJson;
 
 //! What each of a GPU instance's request slots (in_flight) holds from the start for a
-//! request's inputs, on the host and on the device, and for its outputs on the host.
+//! request's inputs, on the host and on the device, and for its outputs on the host; and the
+//! most it grows to. A request with more input bytes takes the collector's path (Triton's
+//! pinned pool); larger outputs are copied into the response's buffer without staging.
 constexpr std::size_t staging_bytes = std::size_t{64} << 10;
+constexpr std::size_t max_staging_bytes = std::size_t{8} << 20;
 
 //! The parameters this backend reads itself; every other parameter is a runner option.
 const std::vector<std::string> backend_keys = {"TORCHLOOM_STREAM", "TORCHLOOM_RESIDENCY",
@@ -1263,12 +1266,16 @@ bool instance_state::run_single(group& g) {
     if (p.host && staged) {
       p.offset = host_bytes;
       host_bytes += aligned(size);
+      if (host_bytes > max_staging_bytes) return false;  // Triton's pinned pool's to stage
     }
     pieces.push_back(std::move(p));
   }
 
   // From here on the request is this path's. Work queued on the copy stream is waited for
-  // however the run ends: the request's and the response's buffers go after it.
+  // however the run ends: the request's and the response's buffers, and the model's outputs
+  // (declared first, so that they go after the wait), go after it.
+  std::vector<c10::IValue> outputs;
+  std::vector<at::Tensor> out_tensors;
   struct queued_work {
     instance_state* self;
     bool pending;
@@ -1288,8 +1295,10 @@ bool instance_state::run_single(group& g) {
   if (host_bytes > 0) {
     char* host_in = slot->host_in.reserve(host_bytes, name);
     if (slot->device_in.nbytes() < host_bytes) {
+      const std::size_t grown = std::min(max_staging_bytes,
+                                         std::max(host_bytes, 2 * slot->device_in.nbytes()));
       slot->device_in = at::Tensor();
-      slot->device_in = at::empty({static_cast<std::int64_t>(host_bytes)},
+      slot->device_in = at::empty({static_cast<std::int64_t>(grown)},
                                   at::TensorOptions().dtype(at::kByte).device(device_));
     }
     device_in = static_cast<char*>(slot->device_in.data_ptr());
@@ -1318,8 +1327,8 @@ bool instance_state::run_single(group& g) {
 #if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
   if (slot != nullptr) mark_run(slot->began.get());
 #endif
-  const std::vector<c10::IValue> outputs = run_model(std::move(values));
-  std::vector<at::Tensor> out_tensors = checked_outputs(g, outputs);
+  outputs = run_model(std::move(values));
+  out_tensors = checked_outputs(g, outputs);
   wait_for_other_gpus(out_tensors);
   [[maybe_unused]] std::uint64_t launched = 0;
 #if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
@@ -1338,10 +1347,14 @@ bool instance_state::run_single(group& g) {
   // in host memory may still be written by a copy the model queued).
   c10::SmallVector<host_copy, 8> after_wait;
   std::size_t staged_out = 0;
+  bool host_output = false;  // an output the model made in host memory
   for (auto& t : out_tensors) {
     if (!t.defined()) continue;
     if (t.is_cuda() && !staged) t = t.to(c10::kCPU);  // no stream of ours to copy on
-    if (t.is_cuda()) staged_out += aligned(t.nbytes());
+    if (t.is_cuda() && staged_out + aligned(t.nbytes()) <= max_staging_bytes) {
+      staged_out += aligned(t.nbytes());
+    }
+    host_output = host_output || !t.is_cuda();
   }
   [[maybe_unused]] char* host_out = nullptr;
 #if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
@@ -1373,7 +1386,8 @@ bool instance_state::run_single(group& g) {
       continue;
     }
 #if TORCHLOOM_HAS_CUDA && defined(TRITON_ENABLE_GPU)
-    if (from_type == TRITONSERVER_MEMORY_GPU && type == TRITONSERVER_MEMORY_CPU) {
+    if (from_type == TRITONSERVER_MEMORY_GPU && type == TRITONSERVER_MEMORY_CPU &&
+        offset + aligned(bytes) <= staged_out) {
       char* stage = host_out + offset;
       offset += aligned(bytes);
       cuda::check(cudaMemcpyAsync(stage, data, bytes, cudaMemcpyDeviceToHost, run_stream_.get()),
@@ -1393,7 +1407,9 @@ bool instance_state::run_single(group& g) {
   // Answered later, by in_flight_'s thread, once the device is done: execute() goes on to
   // the next request meanwhile. (With ENABLE_CACHE_CLEANING the cache is emptied after the
   // outputs go, so such a model's requests are answered here.)
-  if (slot != nullptr && !model_->cache_cleaning()) {
+  // A model's output in host memory is its own until the copy (the next run may write it),
+  // so such a request is answered here too.
+  if (slot != nullptr && !model_->cache_cleaning() && !host_output) {
     cuda::check(cudaEventRecord(slot->done.get(), run_stream_.get()), name, "cudaEventRecord");
     slot->request = request;
     slot->response = g.responses[0];

@@ -31,6 +31,7 @@
 #include <sys/mman.h>
 #include <sys/wait.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -312,6 +313,18 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]
     };
     add_mlp("gpu_mlp", gpu0 + "dynamic_batching { max_queue_delay_microseconds: 500 }\n");
     add_script("gpu_mixed_io", mixed_io_source, "max_batch_size: 8\n" + mixed_io_config + gpu0);
+    // One instance, inputs of any length: requests from 8 clients queue in its slots, some
+    // larger than a slot holds at first, some larger than it ever holds.
+    const std::string one_gpu = "instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]\n";
+    const std::string any_length = R"(max_batch_size: 0
+input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+)";
+    add_script("gpu_wide", "def forward(self, x):\n    return x * 2.0 + 1.0\n",
+               any_length + one_gpu);
+    // An output made in host memory, which the next run may write.
+    add_script("gpu_host_out",
+               "def forward(self, x):\n    return (x * 2.0 + 1.0).cpu()\n", any_length + one_gpu);
     for (const std::string stream : {"caller", "pool", "adaptive", "green"}) {
       for (const std::string graphs : {"false", "true"}) {
         std::string extra = gpu0 + param("TORCHLOOM_STREAM", stream) +
@@ -1256,12 +1269,54 @@ TEST_CASE("KIND_GPU instances: inputs and outputs in host or device memory", "[t
 
 // A GPU instance answers a request from a thread of its own once the device is done, while
 // it prepares the next: with 8 clients several requests are queued at once, each in its own
-// slot (inputs of several sizes, so slots grow while others are in flight).
+// slot, with inputs of several sizes.
 TEST_CASE("KIND_GPU: requests queued on the device at once each get their own answer",
           "[triton][cuda]") {
   REQUIRE_GPU_CORE();
   for (const std::string model : {"gpu_caller", "gpu_caller_graphed", "gpu_pool_graphed"}) {
     check_gpu_model(model, 8, 40);
+  }
+}
+
+// Requests of 16 floats to 2.5 M (10 MiB: more than a slot's staging ever holds, so the
+// collector stages that input and the output goes to the response without staging), from 8
+// clients to one instance; and a model whose output is in host memory.
+TEST_CASE("KIND_GPU: slots grow while others are in flight; large and host outputs are right",
+          "[triton][cuda]") {
+  REQUIRE_GPU_CORE();
+  for (const std::string model : {"gpu_wide", "gpu_host_out"}) {
+    INFO(model);
+    require_loaded(model);
+    const std::array<std::int64_t, 5> sizes = {16, 4096, 20000, 300000, 2500000};
+    std::atomic<int> bad{0};
+    std::mutex mutex;
+    std::string first;
+    std::vector<std::thread> clients;
+    for (int t = 0; t < 8; ++t) {
+      clients.emplace_back([&, t] {
+        for (int i = 0; i < 15; ++i) {
+          const std::int64_t n = sizes[static_cast<std::size_t>(i + t) % sizes.size()];
+          const at::Tensor x = torch::randn({n});
+          const auto r = core().infer(model, {float_input("x", x)});
+          std::string why;
+          if (r.error) {
+            why = r.error->message;
+          } else if (r.outputs.size() != 1 || r.outputs[0].shape != std::vector<std::int64_t>{n} ||
+                     !torch::equal(output_tensor(r), x * 2.0 + 1.0)) {
+            why = "a request of " + std::to_string(n) + " floats got another answer";
+          }
+          if (!why.empty()) {
+            ++bad;
+            std::lock_guard lock(mutex);
+            if (first.empty()) first = why;
+          }
+        }
+      });
+    }
+    for (auto& c : clients) c.join();
+    INFO(first);
+    CHECK(bad == 0);
+    core().unload(model);
   }
 }
 
