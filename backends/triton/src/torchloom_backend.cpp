@@ -62,6 +62,20 @@ namespace tb = triton::backend;
 namespace fs = std::filesystem;
 using triton::common::TritonJson;
 
+//! A tensor of `dtype` and `shape` over `bytes` at `data` (a request's or the collector's
+//! buffer, which stays theirs) on `device`, the one Triton says the buffer is on: from_blob
+//! would otherwise ask CUDA again for a device buffer (cudaPointerGetAttributes, in every
+//! run). No bytes: an empty tensor of that shape.
+at::Tensor over_buffer(const void* data, std::size_t bytes, c10::IntArrayRef shape,
+                       c10::ScalarType dtype, c10::Device device) {
+  const auto options = at::TensorOptions().dtype(dtype).device(device);
+  if (bytes == 0) return at::empty(shape, options);
+  return at::for_blob(const_cast<void*>(data), shape)
+      .options(options)
+      .target_device(device)
+      .make_tensor();
+}
+
 //! What each of a GPU instance's request slots (in_flight) holds from the start for a
 //! request's inputs, on the host and on the device, and for its outputs on the host; and the
 //! most it grows to. A request with more input bytes takes the collector's path (Triton's
@@ -1314,13 +1328,8 @@ bool instance_state::run_single(group& g) {
   values.reserve(pieces.size());
   for (const auto& p : pieces) {
     const c10::Device where = p.host && !staged ? c10::Device(c10::kCPU) : device_;
-    void* data = p.host && staged ? device_in + p.offset : const_cast<void*>(p.data);
-    const auto options = at::TensorOptions().dtype(*p.decl->dtype).device(where);
-    values.emplace_back(p.bytes == 0 ? at::empty(p.shape, options)
-                                     : at::for_blob(data, p.shape)
-                                           .options(options)
-                                           .target_device(where)
-                                           .make_tensor());
+    const void* data = p.host && staged ? device_in + p.offset : p.data;
+    values.emplace_back(over_buffer(data, p.bytes, p.shape, *p.decl->dtype, where));
   }
 
   g.compute_start = now_ns();
@@ -1655,17 +1664,11 @@ void instance_state::run_group(group& g) {
       }
     }
     host_inputs = host_inputs || memory_type != TRITONSERVER_MEMORY_GPU;
-    const auto options = at::TensorOptions().dtype(*d.dtype).device(
+    at::Tensor t = over_buffer(
+        buffer, bytes, shape, *d.dtype,
         memory_type == TRITONSERVER_MEMORY_GPU
             ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(memory_id))
             : c10::Device(c10::kCPU));
-    // The device is the one Triton says the buffer is on: from_blob would otherwise ask CUDA
-    // again for a device buffer (cudaPointerGetAttributes, in every run).
-    at::Tensor t = bytes == 0 ? at::empty(shape, options)
-                              : at::for_blob(const_cast<char*>(buffer), shape)
-                                    .options(options)
-                                    .target_device(options.device())
-                                    .make_tensor();
     if (dict_) {
       dict.insert(d.name, t);
     } else {

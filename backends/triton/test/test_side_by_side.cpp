@@ -14,6 +14,7 @@
 #else
 #define CATCH_CONFIG_RUNNER
 #endif
+#include "client_threads.hpp"
 #include "serving_core.hpp"
 
 #include <torchloom/detail/config.hpp>
@@ -245,45 +246,31 @@ void check_mlp(const std::string& name) {
 // (the peer first in even requests, torchloom first in odd ones); returns how many pairs of
 // answers differed, with the first difference.
 std::pair<int, std::string> hammer_pair(const std::string& name, int per_thread) {
-  std::atomic<int> bad{0};
-  std::mutex mutex;
-  std::string first;
-  std::vector<std::thread> clients;
-  for (int t = 0; t < 8; ++t) {
-    clients.emplace_back([&, t] {
-      for (int i = 0; i < per_thread; ++i) {
-        const std::int64_t rows = 1 + (t + i) % 2;
-        const at::Tensor x = torch::rand({rows, 8}) + 0.25;
-        const at::Tensor ids = torch::randint(0, 1000, {rows, 4}, torch::kLong);
-        const std::vector<tt::tensor_in> in = {input("x", x), input("ids", ids)};
-        const std::string peer_model = tt::twin_name(name, "pytorch");
-        const std::string our_model = tt::twin_name(name, "torchloom");
-        tt::infer_result peer;
-        tt::infer_result ours;
-        if (i % 2 == 0) {
-          peer = core().server->infer(peer_model, in);
-          ours = core().server->infer(our_model, in);
-        } else {
-          ours = core().server->infer(our_model, in);
-          peer = core().server->infer(peer_model, in);
-        }
-        std::string why = difference(peer, ours);
-        if (why.empty()) {
-          const auto* ids_out = output_named(ours, "OUTPUT__1");
-          if (ids_out == nullptr || !torch::equal(tensor_of(*ids_out), ids * 3 + 1)) {
-            why = "OUTPUT__1 is not ids * 3 + 1";
-          }
-        }
-        if (!why.empty()) {
-          ++bad;
-          std::lock_guard lock(mutex);
-          if (first.empty()) first = why;
-        }
+  return torchloom_triton_test::from_clients(8, per_thread, [&](int t, int i) {
+    const std::int64_t rows = 1 + (t + i) % 2;
+    const at::Tensor x = torch::rand({rows, 8}) + 0.25;
+    const at::Tensor ids = torch::randint(0, 1000, {rows, 4}, torch::kLong);
+    const std::vector<tt::tensor_in> in = {input("x", x), input("ids", ids)};
+    const std::string peer_model = tt::twin_name(name, "pytorch");
+    const std::string our_model = tt::twin_name(name, "torchloom");
+    tt::infer_result peer;
+    tt::infer_result ours;
+    if (i % 2 == 0) {
+      peer = core().server->infer(peer_model, in);
+      ours = core().server->infer(our_model, in);
+    } else {
+      ours = core().server->infer(our_model, in);
+      peer = core().server->infer(peer_model, in);
+    }
+    std::string why = difference(peer, ours);
+    if (why.empty()) {
+      const auto* ids_out = output_named(ours, "OUTPUT__1");
+      if (ids_out == nullptr || !torch::equal(tensor_of(*ids_out), ids * 3 + 1)) {
+        why = "OUTPUT__1 is not ids * 3 + 1";
       }
-    });
-  }
-  for (auto& c : clients) c.join();
-  return {bad.load(), first};
+    }
+    return why;
+  });
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #endif
 
 #include "backend_errors.hpp"
+#include "client_threads.hpp"
 #include "in_process_requests.hpp"
 #include "in_process_triton.hpp"
 #include "io_binding.hpp"
@@ -57,6 +58,7 @@ using torchloom_test::temp_dir;
 using torchloom_test::write_file;
 using torchloom_test::write_table;
 namespace tt = torchloom_triton;
+namespace ttest = torchloom_triton_test;
 
 // The embedding model of the hook tests (tests/support/plugins.hpp), written in a child
 // process: defining it needs the op library loaded.
@@ -512,38 +514,20 @@ struct mlp_cases {
 // responses that were wrong or failed, and the first failure.
 std::pair<int, std::string> hammer(const std::string& model, const mlp_cases& cases,
                                    int threads, int per_thread, bool exact) {
-  std::atomic<int> bad{0};
-  std::mutex mutex;
-  std::string first;
-  std::vector<std::thread> clients;
-  for (int t = 0; t < threads; ++t) {
-    clients.emplace_back([&, t] {
-      for (int i = 0; i < per_thread; ++i) {
-        const std::size_t c = static_cast<std::size_t>(t * per_thread + i) % cases.inputs.size();
-        const auto r = core().infer(model, {float_input("x", cases.inputs[c])});
-        std::string why;
-        if (r.error) {
-          why = r.error->message;
-        } else if (r.outputs.size() != 1 || r.outputs[0].name != "y" ||
-                   r.outputs[0].shape != std::vector<std::int64_t>{1, 16}) {
-          why = "unexpected outputs";
-        } else {
-          const at::Tensor got = torch::from_blob(const_cast<char*>(r.outputs[0].data.data()),
-                                                  {1, 16}, torch::kFloat);
-          const bool same = exact ? torch::equal(got, cases.expected[c])
-                                  : torch::allclose(got, cases.expected[c], 1e-5, 1e-6);
-          if (!same) why = "output differs from the runner called directly";
-        }
-        if (!why.empty()) {
-          ++bad;
-          std::lock_guard lock(mutex);
-          if (first.empty()) first = why;
-        }
-      }
-    });
-  }
-  for (auto& c : clients) c.join();
-  return {bad.load(), first};
+  return ttest::from_clients(threads, per_thread, [&](int t, int i) {
+    const std::size_t c = static_cast<std::size_t>(t * per_thread + i) % cases.inputs.size();
+    const auto r = core().infer(model, {float_input("x", cases.inputs[c])});
+    if (r.error) return r.error->message;
+    if (r.outputs.size() != 1 || r.outputs[0].name != "y" ||
+        r.outputs[0].shape != std::vector<std::int64_t>{1, 16}) {
+      return std::string("unexpected outputs");
+    }
+    const at::Tensor got = torch::from_blob(const_cast<char*>(r.outputs[0].data.data()),
+                                            {1, 16}, torch::kFloat);
+    const bool same = exact ? torch::equal(got, cases.expected[c])
+                            : torch::allclose(got, cases.expected[c], 1e-5, 1e-6);
+    return same ? std::string() : std::string("output differs from the runner called directly");
+  });
 }
 
 }  // namespace
@@ -1201,30 +1185,15 @@ void check_gpu_model(const std::string& model, int threads = 4, int requests = 1
   const auto err = core().load(model);
   INFO((err ? err->message : std::string()));
   REQUIRE_FALSE(err.has_value());
-  std::atomic<int> bad{0};
-  std::mutex mutex;
-  std::string first;
-  std::vector<std::thread> clients;
-  for (int t = 0; t < threads; ++t) {
-    clients.emplace_back([&, t] {
-      for (int i = 0; i < requests; ++i) {
-        const at::Tensor x = torch::randn({i % 2 == 0 ? 1 : 3 + (i + t) % 5, 64});
-        const auto r = core().infer(model, {float_input("x", x)});
-        std::string why;
-        if (r.error) {
-          why = r.error->message;
-        } else if (!torch::allclose(output_tensor(r), direct_mlp().run({x}).at(0), 1e-4, 1e-5)) {
-          why = "output differs from the runner on the CPU";
-        }
-        if (!why.empty()) {
-          ++bad;
-          std::lock_guard lock(mutex);
-          if (first.empty()) first = "thread " + std::to_string(t) + ": " + why;
-        }
-      }
-    });
-  }
-  for (auto& c : clients) c.join();
+  const auto [bad, first] = ttest::from_clients(threads, requests, [&](int t, int i) {
+    const at::Tensor x = torch::randn({i % 2 == 0 ? 1 : 3 + (i + t) % 5, 64});
+    const auto r = core().infer(model, {float_input("x", x)});
+    if (r.error) return r.error->message;
+    if (!torch::allclose(output_tensor(r), direct_mlp().run({x}).at(0), 1e-4, 1e-5)) {
+      return std::string("output differs from the runner on the CPU");
+    }
+    return std::string();
+  });
   INFO(first);
   CHECK(bad == 0);
   core().unload(model);
@@ -1288,32 +1257,17 @@ TEST_CASE("KIND_GPU: slots grow while others are in flight; large and host outpu
     INFO(model);
     require_loaded(model);
     const std::array<std::int64_t, 5> sizes = {16, 4096, 20000, 300000, 2500000};
-    std::atomic<int> bad{0};
-    std::mutex mutex;
-    std::string first;
-    std::vector<std::thread> clients;
-    for (int t = 0; t < 8; ++t) {
-      clients.emplace_back([&, t] {
-        for (int i = 0; i < 15; ++i) {
-          const std::int64_t n = sizes[static_cast<std::size_t>(i + t) % sizes.size()];
-          const at::Tensor x = torch::randn({n});
-          const auto r = core().infer(model, {float_input("x", x)});
-          std::string why;
-          if (r.error) {
-            why = r.error->message;
-          } else if (r.outputs.size() != 1 || r.outputs[0].shape != std::vector<std::int64_t>{n} ||
-                     !torch::equal(output_tensor(r), x * 2.0 + 1.0)) {
-            why = "a request of " + std::to_string(n) + " floats got another answer";
-          }
-          if (!why.empty()) {
-            ++bad;
-            std::lock_guard lock(mutex);
-            if (first.empty()) first = why;
-          }
-        }
-      });
-    }
-    for (auto& c : clients) c.join();
+    const auto [bad, first] = ttest::from_clients(8, 15, [&](int t, int i) {
+      const std::int64_t n = sizes[static_cast<std::size_t>(i + t) % sizes.size()];
+      const at::Tensor x = torch::randn({n});
+      const auto r = core().infer(model, {float_input("x", x)});
+      if (r.error) return r.error->message;
+      if (r.outputs.size() != 1 || r.outputs[0].shape != std::vector<std::int64_t>{n} ||
+          !torch::equal(output_tensor(r), x * 2.0 + 1.0)) {
+        return "a request of " + std::to_string(n) + " floats got another answer";
+      }
+      return std::string();
+    });
     INFO(first);
     CHECK(bad == 0);
     core().unload(model);
