@@ -184,17 +184,22 @@ declare -A FIXTURE_DIR=([aoti]=aoti_fixtures [graph]=graph_fixtures
 declare -A FIXTURE_PID=()
 for f in "${!FIXTURE_VAR[@]}"; do export "${FIXTURE_VAR[$f]}=$PWD/$BUILD/${FIXTURE_DIR[$f]}"; done
 
-# Starts every fixture script in the background (after the op library that one package
-# calls, which the aoti fixtures export with it loaded).
+# Starts the fixture scripts in the background: those that need nothing of the build at once
+# (`early`, before configure), the AOTInductor one after the op library that one package calls
+# (it exports with the library loaded).
 start_fixtures() {
-  fixtures_began=$SECONDS
+  local part=$1
+  if [[ $part == early ]]; then fixtures_began=$SECONDS; fi
   local args=()
-  if run_logged "$SCRATCH/op-library.txt" ninja -C "$BUILD" -j"$JOBS" tl_test_ops; then
-    args=(--op-library "$BUILD/tests/plugins/libtl_test_ops.so")
-  else
-    say "fixtures: the tl_test op library did not build; lookup_cpu is left out"
+  if [[ $part == late ]]; then
+    if run_logged "$SCRATCH/op-library.txt" ninja -C "$BUILD" -j"$JOBS" tl_test_ops; then
+      args=(--op-library "$BUILD/tests/plugins/libtl_test_ops.so")
+    else
+      say "fixtures: the tl_test op library did not build; lookup_cpu is left out"
+    fi
   fi
   for f in "${FIXTURE_NAMES[@]}"; do
+    if [[ ($part == early && $f == aoti) || ($part == late && $f != aoti) ]]; then continue; fi
     local script="scripts/${FIXTURE_SCRIPT[$f]}"
     [[ -f $script ]] || continue
     local extra=()
@@ -202,11 +207,12 @@ start_fixtures() {
     if [[ -n ${FIXTURE_ARG[$f]:-} ]]; then extra=("${FIXTURE_ARG[$f]}"); fi
     # Some twenty packages compile beside the C++ build: each with few compile threads, so
     # that they share the cores rather than fight over them.
+    mkdir -p "$BUILD"
     TORCHINDUCTOR_COMPILE_THREADS=2 timeout 480 python3 "$script" \
       "$PWD/$BUILD/${FIXTURE_DIR[$f]}" "${extra[@]}" >"$SCRATCH/fixtures-$f.txt" 2>&1 &
     FIXTURE_PID[$f]=$!
   done
-  step "fixtures started in the background: ${!FIXTURE_PID[*]}"
+  step "fixtures started in the background ($part): ${!FIXTURE_PID[*]}"
 }
 
 # Waits for the fixture jobs and says how each went; 1 when one failed.
@@ -279,8 +285,9 @@ if [[ $SANITIZE_PART != 0 ]]; then
     1 | all | hazards | rest) ;;
     *) finish 1 "GPU_SH_SANITIZE: 1 (all), hazards or rest, not '$SANITIZE_PART'" ;;
   esac
+  start_fixtures early
   configure
-  start_fixtures
+  start_fixtures late
   build
   await_fixtures || true
   step "compute-sanitizer ($SANITIZE_PART)"
@@ -316,8 +323,9 @@ fi
 test_rc=0
 fixtures_rc=0
 build_all() {
+  start_fixtures early
   configure
-  start_fixtures
+  start_fixtures late
   build
   await_fixtures || fixtures_rc=$?
   if ((fixtures_rc != 0)); then echo "fixtures FAILED" >"$BUILD/gpu-fixtures-failed"; fi

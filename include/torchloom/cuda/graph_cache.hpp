@@ -19,6 +19,7 @@
 #include <torchloom/cuda/graph_signature.hpp>
 #include <torchloom/cuda/graph_values.hpp>
 #include <torchloom/cuda/owned_stream.hpp>
+#include <torchloom/cuda/replay_order.hpp>
 #include <torchloom/cuda/stream_lease.hpp>
 #include <torchloom/cuda/torch_cuda_graph.hpp>
 #include <torchloom/detail/strings.hpp>
@@ -79,16 +80,19 @@ class graph_cache {
   //! `capture_stream`: the stream captures run on (empty: the cache leases one, see
   //! stream_lease). `fusable`: replays may wrap the graph between copy nodes of their own
   //! (false for a green context's graphs, whose nodes must all run in the context).
+  //! `lasting_streams`: the streams the wrapped policy chooses instead of the caller's
+  //! outlive the cache (torch's pool streams, a green context's; see replay_order).
   graph_cache(std::string model, c10::Device device, const graph_options& options,
-              owned_stream capture_stream, bool fusable)
+              owned_stream capture_stream, bool fusable, bool lasting_streams)
       : model_(std::move(model)),
         device_(device),
         max_shapes_(static_cast<std::size_t>(options.cuda_graph_max_shapes.value)),
         buckets_(options.cuda_graph_batch_sizes),
         fusable_(fusable),
+        lasting_streams_(lasting_streams),
         capture_stream_(std::move(capture_stream)) {
     c10::cuda::CUDAGuard guard(device_);
-    done_ = event(model_);
+    order_ = replay_order(model_);
     ready_ = event(model_);
     if (!capture_stream_) capture_lease_ = stream_lease(model_, device_.index());
     pool_ = at::cuda::graph_pool_handle();
@@ -104,7 +108,7 @@ class graph_cache {
   ~graph_cache() {
     c10::cuda::CUDAGuard guard(device_);
     // The last replay may still run: its graph and buffers go only after it.
-    (void)cudaEventSynchronize(done_.get());
+    order_.wait_quietly();
     entries_.clear();
     index_.clear();
     if (held_.device) detail::release_device_pool(device_.index(), pool_);
@@ -146,6 +150,8 @@ class graph_cache {
       }
       return out;
     }
+    // The caller's stream, before the wrapped policy chooses one (see replay_order).
+    const cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
     return inner.execute(device, std::move(inputs), [&](const run_context& rc, Inputs&& in) {
       std::unique_lock lock(mutex_);
       // Looked up again: another thread may have pushed it out meanwhile.
@@ -156,7 +162,7 @@ class graph_cache {
         lock.unlock();
         return body(rc, std::move(in));
       }
-      return replay<result>(e, rc, detail::given(in), *sig);
+      return replay<result>(e, rc, detail::given(in), *sig, caller);
     });
   }
 
@@ -207,7 +213,7 @@ class graph_cache {
       --it;
       if (!it->graph || &*it == &kept) continue;
       // Its last replay may still run on the GPU: wait for it (rare: the LRU is full).
-      check(cudaEventSynchronize(done_.get()), "cudaEventSynchronize");
+      order_.wait(model_);
       ++stats_.evictions;
       index_.erase(it->key);
       it = entries_.erase(it);
@@ -310,18 +316,20 @@ class graph_cache {
   }
 
   // Replays the entry's graph on the run's stream and returns copies of its outputs.
+  // `caller`: the caller's stream when the run began.
   template <class Result, class Inputs>
-  Result replay(entry& e, const run_context& rc, const Inputs& inputs, const signature& sig) {
+  Result replay(entry& e, const run_context& rc, const Inputs& inputs, const signature& sig,
+                cudaStream_t caller) {
     const c10::cuda::CUDAStream stream(c10::cuda::CUDAStream::UNCHECKED, rc.stream);
     c10::cuda::CUDAStreamGuard on_run(stream);
     // After the runner's previous replay, on whatever stream it ran: the pool and the static
-    // buffers are this replay's alone. Always (a fraction of a microsecond): neither a stream
-    // handle nor a thread id says that the previous replay was this stream's, since the
-    // system hands both out again.
-    check(cudaStreamWaitEvent(stream.stream(), done_.get(), 0), "cudaStreamWaitEvent");
-    // From here on this replay may have queued work: however it ends, done_ marks the end of
-    // that work, which the next replay, an eviction and the destructor wait for.
-    done_marker marker{done_.get(), stream.stream()};
+    // buffers are this replay's alone.
+    order_.before(stream.stream(), model_);
+    // From here on this replay may have queued work: however it ends, it is the last replay,
+    // which the next one, an eviction and the destructor wait for.
+    const bool lasting =
+        stream.stream() == nullptr || (lasting_streams_ && stream.stream() != caller);
+    done_marker marker{*this, stream.stream(), lasting};
     Result out;
     const bool fused =
         e.fused && detail::launch_fused(model_, *e.fused, e, inputs, sig, stream.stream(), out);
@@ -338,23 +346,25 @@ class graph_cache {
         torchloom::detail::fail_next_replay_after_launch.exchange(false)) {
       throw error(errc::run_failed, model_, "graphed: a replay failed after its launch (test)");
     }
-    marker.record(*this);
+    marker.record();
     ++stats_.replays;
     return out;
   }
 
-  // Records done_ on a replay's stream: record() checks the call; a replay that throws before
-  // it records it on the way out (unchecked: that replay's own error is the one to report).
+  // Makes a replay the last one (see replay_order): record() checks its CUDA call; a replay
+  // that throws before it does it on the way out (unchecked: that replay's own error is the
+  // one to report).
   struct done_marker {
-    cudaEvent_t done;
+    graph_cache& cache;
     cudaStream_t stream;
+    bool lasting;
     bool recorded = false;
-    void record(const graph_cache& cache) {
+    void record() {
       recorded = true;
-      cache.check(cudaEventRecord(done, stream), "cudaEventRecord");
+      cache.order_.after(stream, lasting, cache.model_);
     }
     ~done_marker() {
-      if (!recorded && cudaEventRecord(done, stream) != cudaSuccess) (void)cudaGetLastError();
+      if (!recorded) cache.order_.after(stream, lasting, cache.model_, /*checked=*/false);
     }
   };
 
@@ -367,9 +377,10 @@ class graph_cache {
   std::size_t max_shapes_;
   graph_batch_sizes buckets_;
   bool fusable_;
+  bool lasting_streams_;
   at::cuda::MempoolId_t pool_{0, 0};
   detail::pool_hold held_;
-  event done_;
+  replay_order order_;
   event ready_;
   owned_stream capture_stream_;
   stream_lease capture_lease_;  // where capture_stream_ is empty

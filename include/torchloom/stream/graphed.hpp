@@ -93,8 +93,11 @@ class graphed {
       cuda::owned_stream capture_stream;
       constexpr bool context_bound = requires(const Stream& s) { s.context(); };
       if constexpr (context_bound) capture_stream = inner_.context()->make_stream(ctx.name);
+      // Whether the streams the policy runs on instead of the caller's outlive the graphs.
+      constexpr bool lasting = requires { requires Stream::streams_outlive_runner; };
       cache_ = std::make_unique<cuda::graph_cache>(ctx.name, ctx.device, ctx.options,
-                                                   std::move(capture_stream), !context_bound);
+                                                   std::move(capture_stream), !context_bound,
+                                                   lasting);
     }
 #endif
   }

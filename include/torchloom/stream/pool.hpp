@@ -11,11 +11,17 @@ namespace torchloom {
 
 //! Runs the model on a stream from torch's stream pool (one per calling thread, so runs from
 //! different threads overlap), fenced with the caller's current stream by events both ways;
-//! the outputs and the inputs are recorded on the caller's stream, and the inputs are held until
-//! the caller's stream waits for the run (detail::run_fenced). The caller may use the outputs
-//! on its own stream right after run() returns. No host synchronisation. A no-op on CPU.
-struct pool_stream {
-  constexpr explicit pool_stream(const model_context&) noexcept {}
+//! the inputs are recorded on the caller's stream and held until the caller's stream waits for
+//! the run, and the outputs are held until their caller lets go of them and a later run has
+//! ordered its stream after the caller's (detail::run_fenced, detail::output_holds). The
+//! caller may use the outputs on its own stream right after run() returns. No host
+//! synchronisation. A no-op on CPU.
+class pool_stream {
+ public:
+  //! Its streams (torch's pool streams) are never destroyed: graphed<> relies on it.
+  static constexpr bool streams_outlive_runner = true;
+
+  explicit pool_stream(const model_context&) noexcept {}
 
   template <class Inputs, class Body>
   detail::run_result_t<Body, Inputs> execute(c10::Device device, Inputs inputs, Body&& body) {
@@ -23,8 +29,14 @@ struct pool_stream {
       return detail::run_on_host(device, std::move(inputs), std::forward<Body>(body));
     }
     return detail::run_fenced(device, detail::thread_pool_stream(device), std::move(inputs),
-                              std::forward<Body>(body));
+                              std::forward<Body>(body), holds_);
   }
+
+  //! The outputs it holds for their callers (see detail::output_holds).
+  const detail::output_holds& held_outputs() const noexcept { return holds_; }
+
+ private:
+  detail::output_holds holds_;
 };
 
 static_assert(stream_policy<pool_stream>);

@@ -3,6 +3,7 @@
 #include <torchloom/context.hpp>
 #include <torchloom/detail/config.hpp>
 #include <torchloom/detail/strings.hpp>
+#include <torchloom/stream/output_holds.hpp>
 
 #include <ATen/core/ivalue.h>
 #include <c10/core/Device.h>
@@ -22,6 +23,7 @@
 #endif
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <optional>
 #include <type_traits>
@@ -29,6 +31,11 @@
 #include <vector>
 
 namespace torchloom::detail {
+
+//! For tests: when set, fenced runs neither hold their outputs nor record them on the caller's
+//! stream, which leaves the hazard those do away with for a test to show. One relaxed load
+//! per fenced run.
+inline std::atomic<bool> unguarded_outputs_for_tests{false};
 
 //! Calls `f` on `t`: the overload for inputs and outputs given as tensors.
 template <class F>
@@ -125,9 +132,11 @@ struct cuda_fence_events {
 //!    model sees inputs the caller's pending kernels are still writing;
 //!  - work -> caller: an event recorded on `work` that the caller's stream waits for, so the
 //!    caller can use the outputs on its own stream right after this returns;
-//!  - the outputs, allocated on `work`, are recorded on the caller's stream, so the caching
-//!    allocator does not hand their memory to `work` again while the caller's reads are
-//!    pending;
+//!  - the outputs, allocated on `work`, are held by `holds` until the caller lets go of them
+//!    and a later run's `work` has waited for the caller's stream (see output_holds), so the
+//!    caching allocator does not hand their memory to `work` again while the caller's reads
+//!    are pending; an output `holds` cannot take is recorded on the caller's stream, which
+//!    leaves that to the allocator;
 //!  - the inputs are recorded on the caller's stream, and those handed on to `body` (which
 //!    consumes them: the loader may free them while the kernels that read them are queued on
 //!    `work`) are held here until the caller's stream waits for `work`. Freed after that, an
@@ -140,7 +149,7 @@ struct cuda_fence_events {
 //! or lent_tensors.
 template <class Inputs, class Body>
 run_result_t<Body, Inputs> run_fenced(c10::Device device, c10::Stream work, Inputs inputs,
-                                      Body&& body) {
+                                      Body&& body, output_holds& holds) {
   c10::DeviceGuard device_guard(device);
   const auto* impl = c10::impl::getDeviceGuardImpl(device.type());
   const c10::Stream caller = impl->getStream(device);
@@ -160,6 +169,9 @@ run_result_t<Body, Inputs> run_fenced(c10::Device device, c10::Stream work, Inpu
       if (t.device() == device && t.has_storage()) held.push_back(t);
     }
   });
+  // Earlier runs' outputs their callers let go of: freed once `work` waits for `caller`.
+  output_holds::released released(caller);
+  holds.take_dropped(caller, work, released);
   run_result_t<Body, Inputs> out;
 #if TORCHLOOM_HAS_CUDA
   if (device.is_cuda()) {
@@ -169,6 +181,7 @@ run_result_t<Body, Inputs> run_fenced(c10::Device device, c10::Stream work, Inpu
     auto& events = cuda_fence_events::for_device(device.index());
     cuda::check(cudaEventRecord(events.before.get(), from), "", "cudaEventRecord");
     cuda::check(cudaStreamWaitEvent(to, events.before.get(), 0), "", "cudaStreamWaitEvent");
+    released.work_waited();
     // The way back, also when the body throws after its kernels went out: the caller's stream
     // then still waits for them before `held` lets the inputs go back to the caller's pool.
     struct reverse_fence {
@@ -200,6 +213,7 @@ run_result_t<Body, Inputs> run_fenced(c10::Device device, c10::Stream work, Inpu
     auto& events = fence_events::for_device(device);
     events.before.record(caller);
     events.before.block(work);
+    released.work_waited();
     // The way back, also when the body throws (see above).
     struct reverse_fence {
       c10::Event& after;
@@ -224,7 +238,12 @@ run_result_t<Body, Inputs> run_fenced(c10::Device device, c10::Stream work, Inpu
     events.after.record(work);
     events.after.block(caller);
   }
-  for_each_tensor(out, record_on_caller);
+  if (unguarded_outputs_for_tests.load(std::memory_order_relaxed)) return out;
+  for_each_tensor(out, [&](const at::Tensor& t) {
+    if (t.device() == device && t.has_storage() && !holds.hold(t.storage(), caller, work)) {
+      impl->recordDataPtrOnStream(t.storage().data_ptr(), caller);
+    }
+  });
   return out;  // `held` goes after this: its inputs are freed behind the caller's wait
 }
 

@@ -10,6 +10,10 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#if TORCHLOOM_HAS_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -120,6 +124,28 @@ def forward(self, x):
 )");
   m.save((t / "slow.pt").string());
   return model_spec::from_file(t / "slow.pt");
+}
+
+// forward(x) = x * 2: the output has the input's size, so a run's output is made in the block
+// the last run's output had whenever that block is free.
+model_spec doubling_model(const temp_dir& t) {
+  torch::jit::Module m("doubling");
+  m.define(R"(
+def forward(self, x):
+    return x * 2.0
+)");
+  m.save((t / "doubling.pt").string());
+  return model_spec::from_file(t / "doubling.pt");
+}
+
+// The fenced policy of a runner's stream policy (graphed<S>: S).
+template <class R>
+const auto& fenced_policy(const R& r) {
+  if constexpr (requires { r.stream().wrapped(); }) {
+    return r.stream().wrapped();
+  } else {
+    return r.stream();
+  }
 }
 
 }  // namespace
@@ -337,3 +363,98 @@ def forward(self, x):
   CHECK_FALSE(caller.query());
   torch::cuda::synchronize();
 }
+
+// A fenced run's output is made on the policy's work stream. The caller reads it on its own
+// stream, behind kernels still running there, and lets go of it; the policy's next run, from
+// the same stream or another, must not make its output in that memory (and write it) before
+// the read. The runner's outputs are checked bitwise. A switch for tests leaves the outputs
+// neither held nor recorded: the same sequence must then show the hazard, or the check could
+// not fail.
+TEMPLATE_TEST_CASE("CUDA: an output let go while the caller's stream still reads it keeps its "
+                   "bytes until that read, wherever the policy's next run comes from",
+                   "[stream][cuda][hazards]", torchloom::pool_stream, torchloom::adaptive_stream,
+                   torchloom::graphed<torchloom::pool_stream>) {
+  TORCHLOOM_REQUIRE_CUDA();
+  const c10::Device gpu("cuda:0");
+  temp_dir t;
+  runner<torchloom::torchscript_loader, TestType> r(doubling_model(t), gpu);
+  const auto* impl = c10::impl::getDeviceGuardImpl(gpu.type());
+  // adaptive_stream fences only a caller on the default stream.
+  const c10::Stream first = impl->getDefaultStream(gpu);
+  const c10::Stream other = impl->getStreamFromGlobalPool(gpu, /*isHighPriority=*/true);
+  constexpr std::int64_t n = 1 << 20;
+  torch::manual_seed(3);
+  const auto slow = torch::rand({4096, 4096}, torch::kCUDA);
+  // Rounds where the caller's copy of the output is not what the run returned.
+  const auto wrong_copies = [&](const c10::Stream& next) {
+    int wrong = 0;
+    for (int i = 0; i < 8; ++i) {
+      at::Tensor copy;
+      {
+        const c10::StreamGuard on(first);
+        at::Tensor out = r.run({torch::full({n}, static_cast<float>(i), torch::kCUDA)})[0];
+        const auto busy = at::matmul(slow, slow);  // milliseconds on the caller's stream
+        copy = out.clone();                        // queued behind them
+      }  // the output is let go while its read is still queued
+      {
+        const c10::StreamGuard on(next);
+        (void)r.run({torch::full({n}, 1000.0f + static_cast<float>(i), torch::kCUDA)});
+      }
+      torch::cuda::synchronize();
+      if (!torch::equal(copy, torch::full({n}, 2.0f * static_cast<float>(i), torch::kCUDA))) {
+        ++wrong;
+      }
+    }
+    return wrong;
+  };
+  SECTION("the next run from the same stream") { CHECK(wrong_copies(first) == 0); }
+  SECTION("the next run from another stream") { CHECK(wrong_copies(other) == 0); }
+  if constexpr (std::is_same_v<TestType, torchloom::pool_stream>) {
+    SECTION("with the outputs neither held nor recorded, the check sees the hazard") {
+      torchloom::detail::unguarded_outputs_for_tests = true;
+      const int wrong = wrong_copies(other);
+      torchloom::detail::unguarded_outputs_for_tests = false;
+      CHECK(wrong > 0);
+    }
+  }
+}
+
+#if TORCHLOOM_HAS_CUDA
+// The policy holds the outputs its callers still hold, up to its capacity, gives back those
+// they let go of at its next run, and all of them when the runner goes.
+TEMPLATE_TEST_CASE("CUDA: a fenced policy gives an output's memory back at its next run once "
+                   "the caller lets go of it, and all of it when the runner goes",
+                   "[stream][cuda]", torchloom::pool_stream,
+                   torchloom::graphed<torchloom::pool_stream>) {
+  TORCHLOOM_REQUIRE_CUDA();
+  const c10::Device gpu("cuda:0");
+  temp_dir t;
+  constexpr std::int64_t n = 4 << 20;  // 16 MiB outputs
+  constexpr std::int64_t output_bytes = n * 4;
+  const auto allocated = [] {
+    torch::cuda::synchronize();
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0].current;
+  };
+  const auto x = torch::ones({n}, torch::kCUDA);
+  const std::int64_t before = allocated();
+  {
+    runner<torchloom::torchscript_loader, TestType> r(doubling_model(t), gpu);
+    const auto& holds = fenced_policy(r).held_outputs();
+    for (int i = 0; i < 20; ++i) CHECK(torch::equal(r.run({x})[0], x * 2));
+    CHECK(holds.size() == 1);  // the last run's, let go of after the check
+    CHECK(allocated() - before < 4 * output_bytes);  // a graph's buffers too
+
+    std::vector<at::Tensor> kept;
+    for (std::size_t i = 0; i < torchloom::detail::output_holds::capacity + 8; ++i) {
+      kept.push_back(r.run({x})[0]);
+    }
+    CHECK(holds.size() == torchloom::detail::output_holds::capacity);
+    for (const auto& k : kept) CHECK(torch::equal(k, x * 2));
+    kept.clear();
+    (void)r.run({x});
+    CHECK(holds.size() == 1);
+    CHECK(allocated() - before < 4 * output_bytes);  // a graph's buffers too
+  }
+  CHECK(allocated() - before < output_bytes / 2);
+}
+#endif
