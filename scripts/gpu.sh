@@ -126,11 +126,15 @@ log "torch CMake prefix: $TORCH_PREFIX"
 # Where the serving stage is there: it starts building the GPU Triton core and Triton's
 # PyTorch backend in the background now (the core is needed to configure the backend), and
 # prints the prefix to configure with; nothing where the kits did not travel.
+# A build (prepare_serving, after the fixtures have started) builds the kit; the other
+# phases find it.
 SERVING=""
-if [[ -f scripts/gpu-serving.sh && ($PHASE == build || $PHASE == all) ]]; then
+prepare_serving() {
+  [[ -f scripts/gpu-serving.sh ]] || return 0
   SERVING="$(bash scripts/gpu-serving.sh prepare "$BUILD" "$OUT" 2>>"$LOG" || true)"
   if [[ -n $SERVING ]]; then say "serving: Triton kit at $SERVING"; fi
-elif [[ -f scripts/gpu-serving.sh ]]; then
+}
+if [[ -f scripts/gpu-serving.sh && $PHASE != build && $PHASE != all ]]; then
   SERVING="$(bash scripts/gpu-serving.sh prefix "$BUILD" 2>>"$LOG" || true)"
 fi
 
@@ -205,11 +209,16 @@ start_fixtures() {
     local extra=()
     if [[ $f == aoti ]]; then extra=("${args[@]}"); fi
     if [[ -n ${FIXTURE_ARG[$f]:-} ]]; then extra=("${FIXTURE_ARG[$f]}"); fi
-    # Some twenty packages compile beside the C++ build: each with few compile threads, so
-    # that they share the cores rather than fight over them.
+    # Some twenty packages compile beside the C++ build, each in its own process: inductor
+    # compiles a package's kernels in that process (one compile thread), without a pool of
+    # worker processes that each import torch again; the processes share the cores.
+    # Its CPU time (the script's processes, inductor's compilers included) is the last line.
     mkdir -p "$BUILD"
-    TORCHINDUCTOR_COMPILE_THREADS=2 timeout 480 python3 "$script" \
-      "$PWD/$BUILD/${FIXTURE_DIR[$f]}" "${extra[@]}" >"$SCRATCH/fixtures-$f.txt" 2>&1 &
+    {
+      TIMEFORMAT="fixture cpu: %U s user, %S s system, %R s wall"
+      time TORCHINDUCTOR_COMPILE_THREADS=1 timeout 480 python3 "$script" \
+        "$PWD/$BUILD/${FIXTURE_DIR[$f]}" "${extra[@]}"
+    } >"$SCRATCH/fixtures-$f.txt" 2>&1 &
     FIXTURE_PID[$f]=$!
   done
   step "fixtures started in the background ($part): ${!FIXTURE_PID[*]}"
@@ -224,7 +233,8 @@ await_fixtures() {
     wait "${FIXTURE_PID[$f]}" || rc=$?
     cat "$SCRATCH/fixtures-$f.txt" >>"$LOG"
     if ((rc == 0)); then
-      say "$f fixtures: ok (done $((SECONDS - fixtures_began))s after they started)"
+      say "$f fixtures: ok (done $((SECONDS - fixtures_began))s after they started;" \
+        "$(grep -o 'fixture cpu: .*' "$SCRATCH/fixtures-$f.txt" | tail -1 | cut -c14-))"
     else
       failed=1
       say "$f fixtures: FAILED (status $rc); the tests and benchmarks that need them skip:"
@@ -246,7 +256,33 @@ build() {
       | cut -c1-300 | show 7000 || true
     finish 1 "build FAILED"
   fi
-  say "built $(grep -c '^\[' "$SCRATCH/build.txt" || true) steps"
+  local steps
+  steps=$(grep -c '^\[' "$SCRATCH/build.txt" || true)
+  say "built ${steps:-0} steps"
+  if ((${steps:-0} > 10)); then ninja_cpu_summary; fi
+}
+
+# Where the C++ build's time went: each step's seconds from ninja's log (this build's steps:
+# the latest entry of each output), summed by target, largest first.
+ninja_cpu_summary() {
+  [[ -f $BUILD/.ninja_log ]] || return 0
+  python3 - "$BUILD/.ninja_log" <<'PY' 2>>"$LOG" | show 1500 || true
+import collections, sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if not l.startswith("#")]
+rows = [r for r in rows if len(r) >= 4]
+if rows:
+    last = {}
+    for start, end, _, out, *rest in rows:  # the latest entry of each output
+        last[out] = (int(start), int(end))
+    by = collections.Counter()
+    for out, (s, e) in last.items():
+        parts = out.split("/CMakeFiles/")
+        key = parts[1].split(".dir/")[0] if len(parts) > 1 else out.split("/")[0]
+        by[key] += (e - s) / 1000
+    total = sum(by.values())
+    top = ", ".join(f"{k} {v:.0f}" for k, v in by.most_common(6))
+    print(f"build steps: {total:.0f} s of compiler time in all (by target, s: {top})")
+PY
 }
 
 # ---------------------------------------------------------------------------------------
@@ -286,6 +322,7 @@ if [[ $SANITIZE_PART != 0 ]]; then
     *) finish 1 "GPU_SH_SANITIZE: 1 (all), hazards or rest, not '$SANITIZE_PART'" ;;
   esac
   start_fixtures early
+  prepare_serving
   configure
   start_fixtures late
   build
@@ -324,6 +361,7 @@ test_rc=0
 fixtures_rc=0
 build_all() {
   start_fixtures early
+  prepare_serving
   configure
   start_fixtures late
   build

@@ -38,6 +38,8 @@ inline void give_back_after(c10::Storage& storage, c10::Stream caller) noexcept 
 //!    user queues its kernels after that wait;
 //!  - the others are recorded on their own caller's stream and freed at once, which leaves it
 //!    to the allocator as before.
+//! run_fenced holds outputs only for a caller on the device's default stream, which outlives
+//! every runner: the streams an entry names exist whenever it is given back.
 //! An output returned again (a weight, the same storage twice) is held once; past `capacity`
 //! entries, or for an output already held for another stream, the fence records the output
 //! on the caller's stream as before. What is held when the policy goes is recorded and freed

@@ -12,10 +12,11 @@ namespace torchloom {
 //! Runs the model on a stream from torch's stream pool (one per calling thread, so runs from
 //! different threads overlap), fenced with the caller's current stream by events both ways;
 //! the inputs are recorded on the caller's stream and held until the caller's stream waits for
-//! the run, and the outputs are held until their caller lets go of them and a later run has
-//! ordered its stream after the caller's (detail::run_fenced, detail::output_holds). The
-//! caller may use the outputs on its own stream right after run() returns. No host
-//! synchronisation. A no-op on CPU.
+//! the run; the outputs of a caller on the default stream are held until it lets go of them
+//! and a later run has ordered its stream after the caller's, those of other callers are
+//! recorded on their stream (detail::run_fenced, detail::output_holds). The caller may use
+//! the outputs on its own stream right after run() returns. No host synchronisation. A no-op
+//! on CPU.
 class pool_stream {
  public:
   //! Its streams (torch's pool streams) are never destroyed: graphed<> relies on it.

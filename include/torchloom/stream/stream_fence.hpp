@@ -132,11 +132,11 @@ struct cuda_fence_events {
 //!    model sees inputs the caller's pending kernels are still writing;
 //!  - work -> caller: an event recorded on `work` that the caller's stream waits for, so the
 //!    caller can use the outputs on its own stream right after this returns;
-//!  - the outputs, allocated on `work`, are held by `holds` until the caller lets go of them
-//!    and a later run's `work` has waited for the caller's stream (see output_holds), so the
-//!    caching allocator does not hand their memory to `work` again while the caller's reads
-//!    are pending; an output `holds` cannot take is recorded on the caller's stream, which
-//!    leaves that to the allocator;
+//!  - the outputs, allocated on `work`, are kept from going back to `work` while the caller's
+//!    reads are pending: for a caller on the device's default stream, held by `holds` until
+//!    the caller lets go of them and a later run's `work` has waited for that stream (see
+//!    output_holds); otherwise (or when `holds` is full) recorded on the caller's stream,
+//!    which leaves it to the caching allocator;
 //!  - the inputs are recorded on the caller's stream, and those handed on to `body` (which
 //!    consumes them: the loader may free them while the kernels that read them are queued on
 //!    `work`) are held here until the caller's stream waits for `work`. Freed after that, an
@@ -239,8 +239,13 @@ run_result_t<Body, Inputs> run_fenced(c10::Device device, c10::Stream work, Inpu
     events.after.block(caller);
   }
   if (unguarded_outputs_for_tests.load(std::memory_order_relaxed)) return out;
+  // Held only for a caller on the device's default stream (stream id 0), which lasts as long
+  // as the process: a held output is freed after its caller let go of it, recorded on the
+  // caller's stream when need be, and a stream of the caller's own may be gone by then.
+  const bool holdable = caller.id() == 0;
   for_each_tensor(out, [&](const at::Tensor& t) {
-    if (t.device() == device && t.has_storage() && !holds.hold(t.storage(), caller, work)) {
+    if (t.device() == device && t.has_storage() &&
+        !(holdable && holds.hold(t.storage(), caller, work))) {
       impl->recordDataPtrOnStream(t.storage().data_ptr(), caller);
     }
   });
