@@ -15,12 +15,11 @@ namespace torchloom {
 //! Torch-TensorRT's rule: a pool stream (fenced, as pool_stream) when the caller is on the
 //! device's default stream, which would serialise with everything else; the caller's own
 //! stream otherwise (as caller_stream). A no-op on CPU.
-class adaptive_stream {
- public:
+struct adaptive_stream {
   //! Its streams (torch's pool streams) are never destroyed: graphed<> relies on it.
   static constexpr bool streams_outlive_runner = true;
 
-  explicit adaptive_stream(const model_context&) noexcept {}
+  constexpr explicit adaptive_stream(const model_context&) noexcept {}
 
   template <class Inputs, class Body>
   detail::run_result_t<Body, Inputs> execute(c10::Device device, Inputs inputs, Body&& body) {
@@ -34,14 +33,8 @@ class adaptive_stream {
       return std::forward<Body>(body)(run_context{device, current}, std::move(inputs));
     }
     return detail::run_fenced(device, detail::thread_pool_stream(device), std::move(inputs),
-                              std::forward<Body>(body), holds_);
+                              std::forward<Body>(body));
   }
-
-  //! The outputs it holds for their callers (see detail::output_holds).
-  const detail::output_holds& held_outputs() const noexcept { return holds_; }
-
- private:
-  detail::output_holds holds_;
 };
 
 static_assert(stream_policy<adaptive_stream>);

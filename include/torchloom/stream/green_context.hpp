@@ -86,15 +86,13 @@ class basic_green_context_stream {
     // run_fenced records the inputs on the caller's stream, never on the green stream: an
     // input may outlive this runner and its stream.
     return detail::run_fenced(device, context_->stream().unwrap(), std::move(inputs),
-                              std::forward<Body>(body), holds_);
+                              std::forward<Body>(body));
   }
 
   //! SMs actually in the partition (0 on CPU).
   int sm_count() const noexcept { return context_ ? context_->sm_count() : 0; }
   //! The green context (empty on CPU).
   const std::shared_ptr<cuda::green_context>& context() const noexcept { return context_; }
-  //! The outputs it holds for their callers (see detail::output_holds).
-  const detail::output_holds& held_outputs() const noexcept { return holds_; }
 
  private:
   static constexpr const char* policy_name() noexcept {
@@ -102,8 +100,6 @@ class basic_green_context_stream {
   }
 
   std::shared_ptr<cuda::green_context> context_;
-  // After context_: the held outputs go first (none of them needs the context).
-  detail::output_holds holds_;
 };
 
 #else

@@ -11,18 +11,14 @@ namespace torchloom {
 
 //! Runs the model on a stream from torch's stream pool (one per calling thread, so runs from
 //! different threads overlap), fenced with the caller's current stream by events both ways;
-//! the inputs are recorded on the caller's stream and held until the caller's stream waits for
-//! the run; the outputs of a caller on the default stream are held until it lets go of them
-//! and a later run has ordered its stream after the caller's, those of other callers are
-//! recorded on their stream (detail::run_fenced, detail::output_holds). The caller may use
-//! the outputs on its own stream right after run() returns. No host synchronisation. A no-op
-//! on CPU.
-class pool_stream {
- public:
+//! the outputs and the inputs are recorded on the caller's stream, and the inputs are held until
+//! the caller's stream waits for the run (detail::run_fenced). The caller may use the outputs
+//! on its own stream right after run() returns. No host synchronisation. A no-op on CPU.
+struct pool_stream {
   //! Its streams (torch's pool streams) are never destroyed: graphed<> relies on it.
   static constexpr bool streams_outlive_runner = true;
 
-  explicit pool_stream(const model_context&) noexcept {}
+  constexpr explicit pool_stream(const model_context&) noexcept {}
 
   template <class Inputs, class Body>
   detail::run_result_t<Body, Inputs> execute(c10::Device device, Inputs inputs, Body&& body) {
@@ -30,14 +26,8 @@ class pool_stream {
       return detail::run_on_host(device, std::move(inputs), std::forward<Body>(body));
     }
     return detail::run_fenced(device, detail::thread_pool_stream(device), std::move(inputs),
-                              std::forward<Body>(body), holds_);
+                              std::forward<Body>(body));
   }
-
-  //! The outputs it holds for their callers (see detail::output_holds).
-  const detail::output_holds& held_outputs() const noexcept { return holds_; }
-
- private:
-  detail::output_holds holds_;
 };
 
 static_assert(stream_policy<pool_stream>);

@@ -3,7 +3,6 @@
 #include <torchloom/context.hpp>
 #include <torchloom/detail/config.hpp>
 #include <torchloom/detail/strings.hpp>
-#include <torchloom/stream/output_holds.hpp>
 
 #include <ATen/core/ivalue.h>
 #include <c10/core/Device.h>
@@ -32,9 +31,9 @@
 
 namespace torchloom::detail {
 
-//! For tests: when set, fenced runs neither hold their outputs nor record them on the caller's
-//! stream, which leaves the hazard those do away with for a test to show. One relaxed load
-//! per fenced run.
+//! For tests: when set, fenced runs do not record their outputs on the caller's stream, which
+//! leaves the hazard that recording does away with for a test to show. One relaxed load per
+//! fenced run.
 inline std::atomic<bool> unguarded_outputs_for_tests{false};
 
 //! Calls `f` on `t`: the overload for inputs and outputs given as tensors.
@@ -132,11 +131,9 @@ struct cuda_fence_events {
 //!    model sees inputs the caller's pending kernels are still writing;
 //!  - work -> caller: an event recorded on `work` that the caller's stream waits for, so the
 //!    caller can use the outputs on its own stream right after this returns;
-//!  - the outputs, allocated on `work`, are kept from going back to `work` while the caller's
-//!    reads are pending: for a caller on the device's default stream, held by `holds` until
-//!    the caller lets go of them and a later run's `work` has waited for that stream (see
-//!    output_holds); otherwise (or when `holds` is full) recorded on the caller's stream,
-//!    which leaves it to the caching allocator;
+//!  - the outputs, allocated on `work`, are recorded on the caller's stream, so the caching
+//!    allocator does not hand their memory to `work` again while the caller's reads are
+//!    pending;
 //!  - the inputs are recorded on the caller's stream, and those handed on to `body` (which
 //!    consumes them: the loader may free them while the kernels that read them are queued on
 //!    `work`) are held here until the caller's stream waits for `work`. Freed after that, an
@@ -149,7 +146,7 @@ struct cuda_fence_events {
 //! or lent_tensors.
 template <class Inputs, class Body>
 run_result_t<Body, Inputs> run_fenced(c10::Device device, c10::Stream work, Inputs inputs,
-                                      Body&& body, output_holds& holds) {
+                                      Body&& body) {
   c10::DeviceGuard device_guard(device);
   const auto* impl = c10::impl::getDeviceGuardImpl(device.type());
   const c10::Stream caller = impl->getStream(device);
@@ -169,9 +166,6 @@ run_result_t<Body, Inputs> run_fenced(c10::Device device, c10::Stream work, Inpu
       if (t.device() == device && t.has_storage()) held.push_back(t);
     }
   });
-  // Earlier runs' outputs their callers let go of: freed once `work` waits for `caller`.
-  output_holds::released released(caller);
-  holds.take_dropped(caller, work, released);
   run_result_t<Body, Inputs> out;
 #if TORCHLOOM_HAS_CUDA
   if (device.is_cuda()) {
@@ -181,7 +175,6 @@ run_result_t<Body, Inputs> run_fenced(c10::Device device, c10::Stream work, Inpu
     auto& events = cuda_fence_events::for_device(device.index());
     cuda::check(cudaEventRecord(events.before.get(), from), "", "cudaEventRecord");
     cuda::check(cudaStreamWaitEvent(to, events.before.get(), 0), "", "cudaStreamWaitEvent");
-    released.work_waited();
     // The way back, also when the body throws after its kernels went out: the caller's stream
     // then still waits for them before `held` lets the inputs go back to the caller's pool.
     struct reverse_fence {
@@ -213,7 +206,6 @@ run_result_t<Body, Inputs> run_fenced(c10::Device device, c10::Stream work, Inpu
     auto& events = fence_events::for_device(device);
     events.before.record(caller);
     events.before.block(work);
-    released.work_waited();
     // The way back, also when the body throws (see above).
     struct reverse_fence {
       c10::Event& after;
@@ -238,17 +230,9 @@ run_result_t<Body, Inputs> run_fenced(c10::Device device, c10::Stream work, Inpu
     events.after.record(work);
     events.after.block(caller);
   }
-  if (unguarded_outputs_for_tests.load(std::memory_order_relaxed)) return out;
-  // Held only for a caller on the device's default stream (stream id 0), which lasts as long
-  // as the process: a held output is freed after its caller let go of it, recorded on the
-  // caller's stream when need be, and a stream of the caller's own may be gone by then.
-  const bool holdable = caller.id() == 0;
-  for_each_tensor(out, [&](const at::Tensor& t) {
-    if (t.device() == device && t.has_storage() &&
-        !(holdable && holds.hold(t.storage(), caller, work))) {
-      impl->recordDataPtrOnStream(t.storage().data_ptr(), caller);
-    }
-  });
+  if (!unguarded_outputs_for_tests.load(std::memory_order_relaxed)) {
+    for_each_tensor(out, record_on_caller);
+  }
   return out;  // `held` goes after this: its inputs are freed behind the caller's wait
 }
 
