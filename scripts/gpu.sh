@@ -194,6 +194,7 @@ for f in "${!FIXTURE_VAR[@]}"; do export "${FIXTURE_VAR[$f]}=$PWD/$BUILD/${FIXTU
 start_fixtures() {
   local part=$1
   if [[ $part == early ]]; then fixtures_began=$SECONDS; fi
+  mkdir -p "$BUILD"  # the early ones write into it before configure makes it
   local args=()
   if [[ $part == late ]]; then
     if run_logged "$SCRATCH/op-library.txt" ninja -C "$BUILD" -j"$JOBS" tl_test_ops; then
@@ -213,7 +214,6 @@ start_fixtures() {
     # compiles a package's kernels in that process (one compile thread), without a pool of
     # worker processes that each import torch again; the processes share the cores.
     # Its CPU time (the script's processes, inductor's compilers included) is the last line.
-    mkdir -p "$BUILD"
     {
       TIMEFORMAT="fixture cpu: %U s user, %S s system, %R s wall"
       time TORCHINDUCTOR_COMPILE_THREADS=1 timeout 480 python3 "$script" \

@@ -150,8 +150,10 @@ class graph_cache {
       }
       return out;
     }
-    // The caller's stream, before the wrapped policy chooses one (see replay_order).
-    const cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+    // The caller's stream, before the wrapped policy chooses one (see replay_order): needed
+    // only where the policy's own streams outlive the cache.
+    const cudaStream_t caller =
+        lasting_streams_ ? c10::cuda::getCurrentCUDAStream(device_.index()).stream() : nullptr;
     return inner.execute(device, std::move(inputs), [&](const run_context& rc, Inputs&& in) {
       std::unique_lock lock(mutex_);
       // Looked up again: another thread may have pushed it out meanwhile.
@@ -316,7 +318,7 @@ class graph_cache {
   }
 
   // Replays the entry's graph on the run's stream and returns copies of its outputs.
-  // `caller`: the caller's stream when the run began.
+  // `caller`: the caller's stream when the run began (null unless lasting_streams_).
   template <class Result, class Inputs>
   Result replay(entry& e, const run_context& rc, const Inputs& inputs, const signature& sig,
                 cudaStream_t caller) {

@@ -34,11 +34,8 @@ class replay_order {
 
   //! Before a replay queues anything on `stream`: orders it after the last replay.
   void before(cudaStream_t stream, const std::string& model) {
-    if (last_lasts_) {
-      if (last_ == stream) return;
-      check(cudaEventRecord(done_.get(), last_), model, "graphed: cudaEventRecord");
-      last_lasts_ = false;
-    }
+    if (last_lasts_ && last_ == stream) return;  // the stream runs them in order
+    settle(model);
     check(cudaStreamWaitEvent(stream, done_.get(), 0), model, "graphed: cudaStreamWaitEvent");
   }
 
