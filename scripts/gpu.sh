@@ -7,10 +7,10 @@
 #
 #   all    (the default) every phase in one call, as far as the time budget goes;
 #   build  configure, build, and make the fixtures (in the background while the C++ builds);
-#   test   the tests (ctest and the serving stage's); builds first where needed; the summary
-#          is kept in the build tree for the report;
-#   bench  the benchmarks, the peers and the report (the test phase's summary included);
-#          builds first where needed.
+#   test   ctest and the corrupted model files; builds first where needed; the summary is
+#          kept in the build tree for the report;
+#   bench  the serving stage's tests, the benchmarks, the peers and the report (the test
+#          phase's summary included); builds first where needed.
 # A machine lent for one call at a time runs the phases in calls back to back on the warm
 # machine (the build tree and the fixtures stay between them), each well inside the call's
 # limit; the last prints the one report.
@@ -417,14 +417,6 @@ run_tests() {
       test_rc=1
     fi
   fi
-  if [[ -n $SERVING ]]; then
-    step "serving tests (scripts/gpu-serving.sh test)"
-    local rc=0
-    run_logged "$SCRATCH/serving-test.txt" timeout "$(min 200 $(($(left) - 20)))" \
-      bash scripts/gpu-serving.sh test "$BUILD" "$OUT" || rc=$?
-    tail -n 15 "$SCRATCH/serving-test.txt" | cut -c1-200 | show 3000
-    if ((rc != 0)); then test_rc=1; fi
-  fi
   {
     echo "tests (phase test, $(date -u +%Y-%m-%dT%H:%MZ), $((SECONDS - START))s):"
     grep -E 'tests passed|tests failed' "$SCRATCH/ctest.txt" 2>/dev/null | tail -1 || true
@@ -437,6 +429,28 @@ run_tests() {
   cp "$TEST_SUMMARY" "$OUT/"
 }
 
+# The serving stage's tests (the backend in the GPU Triton core, beside Triton's PyTorch
+# backend) open the bench phase, which the serving benchmarks end: the test phase then fits
+# one call with the build. Their verdict is added to the test phase's summary.
+run_serving_tests() {
+  [[ -n $SERVING ]] || return 0
+  step "serving tests (scripts/gpu-serving.sh test)"
+  local rc=0
+  run_logged "$SCRATCH/serving-test.txt" timeout "$(min 200 $(($(left) - 20)))" \
+    bash scripts/gpu-serving.sh test "$BUILD" "$OUT" || rc=$?
+  tail -n 15 "$SCRATCH/serving-test.txt" | cut -c1-200 | show 3000
+  local line
+  line=$(grep -E 'tests passed|tests failed' "$SCRATCH/serving-test.txt" | tail -1 || true)
+  if ((rc != 0)); then line="serving tests FAILED (status $rc): ${line:-see gpu-log.txt}"; fi
+  if [[ -f $TEST_SUMMARY ]]; then
+    sed -i '/^serving tests/d' "$TEST_SUMMARY"
+    echo "serving tests: ${line:-none ran}" >>"$TEST_SUMMARY"
+    cp "$TEST_SUMMARY" "$OUT/"
+  fi
+  if ((rc != 0)); then serving_test_rc=1; fi
+}
+serving_test_rc=0
+
 # ---------------------------------------------------------------------------------------
 # The bench phase.
 # Whether benchmark program $1 is to run: GPU_SH_BENCHES names them, else all run.
@@ -444,11 +458,6 @@ selected() { [[ -z ${GPU_SH_BENCHES:-} || " $GPU_SH_BENCHES " == *" $1 "* ]]; }
 bench_total=0
 bench_failed=0
 run_benchmarks() {
-  if [[ $PHASE == bench ]]; then
-    # Up to date after the test phase, so this is quick; else it builds (no tests).
-    if [[ ! -f $BUILD/build.ninja ]]; then configure; fi
-    build
-  fi
   step "benchmarks"
   shopt -s nullglob
   # The short ones first: when time runs out, the fewest results are lost.
@@ -549,6 +558,10 @@ report() {
   else
     verdict+="; tests not run (no test phase in this build tree)"
   fi
+  if ((serving_test_rc != 0)); then
+    status=1
+    verdict+="; serving tests FAILED"
+  fi
   if ((bench_failed != 0)); then
     status=1
     verdict+="; benchmarks: $bench_failed of $bench_total FAILED"
@@ -590,12 +603,16 @@ case "$PHASE" in
       | sed 's/^ *//'); fixtures $( ((fixtures_rc == 0)) && echo ok || echo FAILED)"
     ;;
   bench)
+    if [[ ! -f $BUILD/build.ninja ]]; then configure; fi
+    build
+    run_serving_tests
     run_benchmarks
     report
     ;;
   all)
     build_all
     run_tests
+    run_serving_tests
     run_benchmarks
     report
     ;;

@@ -1,7 +1,7 @@
 // The runner with the AOTInductor loader: outputs against the Python reference, inputs
 // checked from what the package declares, concurrent run(), every stream policy, files that
-// are not packages, and Triton's torch_aoti repositories (names, batching). Needs
-// LibTorch >= 2.6; with an older one this file compiles to nothing. The packages come from
+// are not packages (Triton's torch_aoti repositories: test_torch_aoti.cpp). Needs LibTorch
+// >= 2.6; with an older one this file compiles to nothing. The packages come from
 // scripts/make_aoti_fixtures.py (TORCHLOOM_AOTI_FIXTURES or the build tree's aoti_fixtures/);
 // without them the cases that need one are skipped.
 #include <torchloom/detail/config.hpp>
@@ -9,6 +9,7 @@
 #if TORCHLOOM_TORCH_VERSION >= 20600
 
 #include "../../support/aoti_fixtures.hpp"
+#include "../../support/aoti_reference.hpp"
 #include "../../support/fixtures.hpp"
 #include "../../support/streams.hpp"
 
@@ -26,19 +27,18 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <map>
-#include <optional>
 #include <string>
 #include <thread>
-#include <tuple>
 #include <type_traits>
-#include <typeinfo>
 #include <vector>
 
 using torchloom::errc;
 using torchloom::model_spec;
+using reference = torchloom_test::aoti_reference;
 using torchloom_test::current_cuda_stream;
+using torchloom_test::on_device;
 using torchloom_test::pool_cuda_stream;
+using torchloom_test::read_aoti_reference;
 using torchloom_test::temp_dir;
 
 namespace {
@@ -47,30 +47,6 @@ namespace fs = std::filesystem;
 
 template <class Stream = torchloom::caller_stream>
 using runner = torchloom::model_runner<torchloom::aoti_loader, torchloom::no_hook, Stream>;
-
-// What the fixture script saved next to each package: the inputs it ran the model on and
-// the model's outputs in Python (buffers in0, in1, ... and out0, out1, ... of a TorchScript
-// module, readable without Python).
-struct reference {
-  std::vector<c10::IValue> inputs;
-  std::vector<at::Tensor> outputs;
-};
-
-reference read_reference(const fs::path& dir) {
-  const auto holder = torch::jit::load((dir / "reference.pt").string());
-  reference ref;
-  for (const auto& b : holder.named_buffers()) {
-    if (b.name.rfind("in", 0) == 0) ref.inputs.emplace_back(b.value);
-    if (b.name.rfind("out", 0) == 0) ref.outputs.push_back(b.value);
-  }
-  return ref;
-}
-
-std::vector<c10::IValue> on(const std::vector<c10::IValue>& inputs, c10::Device device) {
-  std::vector<c10::IValue> out;
-  for (const auto& v : inputs) out.emplace_back(v.toTensor().to(device));
-  return out;
-}
 
 bool matches(const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& want) {
   if (got.size() != want.size()) return false;
@@ -118,7 +94,7 @@ TEST_CASE("AOTI: a corrupt zip archive is load_failed with torch's message and t
 
 TEST_CASE("AOTI: the CPU package's outputs equal the Python reference", "[aoti]") {
   TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "mlp_cpu");
-  const reference ref = read_reference(dir);
+  const reference ref = read_aoti_reference(dir);
   runner<> r(model_spec::from_directory(dir));
   REQUIRE(r.inputs().size() == 1);
   CHECK(r.inputs()[0].name == "x");
@@ -134,7 +110,7 @@ TEST_CASE("AOTI: the CPU package's outputs equal the Python reference", "[aoti]"
 TEST_CASE("AOTI: wrong count, dtype or shape is bad_input naming the input; nothing runs",
           "[aoti]") {
   TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "mlp_cpu");
-  const reference ref = read_reference(dir);
+  const reference ref = read_aoti_reference(dir);
   runner<> r(model_spec::from_directory(dir));
   const auto x = ref.inputs.front().toTensor();
   CHECK_TORCHLOOM_ERROR(r.run({}), errc::bad_input, "model 'mlp_cpu'", "expected 1 input (x)",
@@ -159,7 +135,7 @@ TEST_CASE("AOTI: wrong count, dtype or shape is bad_input naming the input; noth
 
 TEST_CASE("AOTI: WARMUP_ITERATIONS synthesises inputs from the declared specs", "[aoti]") {
   TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "mlp_cpu");
-  const reference ref = read_reference(dir);
+  const reference ref = read_aoti_reference(dir);
   runner<> r(model_spec::from_directory(dir).set("WARMUP_ITERATIONS", "3"));
   CHECK(matches(r.run(ref.inputs), ref.outputs));
 }
@@ -167,7 +143,7 @@ TEST_CASE("AOTI: WARMUP_ITERATIONS synthesises inputs from the declared specs", 
 TEST_CASE("AOTI: concurrent run() from 8 threads with AOTI_NUM_RUNNERS=4 (CPU)",
           "[aoti][concurrency]") {
   TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "mlp_cpu");
-  const reference ref = read_reference(dir);
+  const reference ref = read_aoti_reference(dir);
   runner<> r(model_spec::from_directory(dir).set("AOTI_NUM_RUNNERS", "4"));
   REQUIRE(matches(r.run(ref.inputs), ref.outputs));
   // Expected outputs come from the runner alone, one call at a time.
@@ -197,13 +173,13 @@ TEST_CASE("AOTI: concurrent run() from 8 threads with AOTI_NUM_RUNNERS=4 (CPU)",
 TEST_CASE("AOTI CUDA: outputs equal the Python reference; CPU inputs are moved", "[aoti][cuda]") {
   TORCHLOOM_REQUIRE_CUDA();
   TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "mlp_cuda");
-  const reference ref = read_reference(dir);
+  const reference ref = read_aoti_reference(dir);
   runner<> r(model_spec::from_directory(dir), c10::Device("cuda:0"));
   REQUIRE(r.inputs().size() == 1);
   CHECK(r.inputs()[0].name == "x");
   CHECK(r.inputs()[0].dtype == c10::ScalarType::Float);
   CHECK(r.inputs()[0].shape == std::vector<std::int64_t>{-1, 64});
-  const auto out = r.run(on(ref.inputs, c10::Device("cuda:0")));
+  const auto out = r.run(on_device(ref.inputs, c10::Device("cuda:0")));
   REQUIRE(out.size() == 1);
   CHECK(out[0].device() == c10::Device("cuda:0"));
   CHECK(matches(out, ref.outputs));
@@ -219,7 +195,7 @@ TEST_CASE("AOTI CUDA: two inputs of different dtypes; wrong dtype or count is ba
           "[aoti][cuda]") {
   TORCHLOOM_REQUIRE_CUDA();
   TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "two_inputs_cuda");
-  const reference ref = read_reference(dir);
+  const reference ref = read_aoti_reference(dir);
   REQUIRE(ref.inputs.size() == 2);
   runner<> r(model_spec::from_directory(dir).set("WARMUP_ITERATIONS", "2"), c10::Device("cuda:0"));
   REQUIRE(r.inputs().size() == 2);
@@ -227,7 +203,7 @@ TEST_CASE("AOTI CUDA: two inputs of different dtypes; wrong dtype or count is ba
   CHECK(r.inputs()[1].name == "ids");
   CHECK(r.inputs()[0].dtype == c10::ScalarType::Float);
   CHECK(r.inputs()[1].dtype == c10::ScalarType::Long);
-  const auto inputs = on(ref.inputs, c10::Device("cuda:0"));
+  const auto inputs = on_device(ref.inputs, c10::Device("cuda:0"));
   CHECK(matches(r.run(inputs), ref.outputs));
   const auto x = inputs[0].toTensor();
   const auto ids = inputs[1].toTensor();
@@ -245,9 +221,9 @@ TEST_CASE(
   TORCHLOOM_REQUIRE_CUDA();
   TORCHLOOM_REQUIRE_AOTI_FIXTURE(cpu_dir, "mlp_cpu");
   TORCHLOOM_REQUIRE_AOTI_FIXTURE(cuda_dir, "mlp_cuda");
-  const reference ref = read_reference(cpu_dir);
+  const reference ref = read_aoti_reference(cpu_dir);
   runner<> cpu(model_spec::from_directory(cpu_dir));
-  CHECK_TORCHLOOM_ERROR(cpu.run(on(ref.inputs, c10::Device("cuda:0"))), errc::bad_input,
+  CHECK_TORCHLOOM_ERROR(cpu.run(on_device(ref.inputs, c10::Device("cuda:0"))), errc::bad_input,
                         "input 0 ('x') is on cuda:0", "runner is on cpu");
   CHECK_TORCHLOOM_ERROR(runner<>(model_spec::from_directory(cuda_dir)), errc::unsupported,
                         "compiled for cuda", "runner is on cpu");
@@ -260,14 +236,14 @@ TEST_CASE("AOTI CUDA: mapped_weights serves the package's constants from mapped 
           "[aoti][cuda][mapped]") {
   TORCHLOOM_REQUIRE_CUDA();
   TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "mlp_cuda");
-  const reference ref = read_reference(dir);
+  const reference ref = read_aoti_reference(dir);
   const c10::Device gpu("cuda:0");
   using mapped_runner =
       torchloom::model_runner<torchloom::aoti_loader, torchloom::no_hook,
                               torchloom::caller_stream, torchloom::mapped_weights>;
   runner<> resident(model_spec::from_directory(dir), gpu);
   mapped_runner mapped(model_spec::from_directory(dir), gpu);
-  const auto inputs = on(ref.inputs, gpu);
+  const auto inputs = on_device(ref.inputs, gpu);
   const auto want = resident.run(inputs);
   const auto got = mapped.run(inputs);
   REQUIRE(got.size() == 1);
@@ -297,7 +273,7 @@ TEST_CASE("AOTI CUDA: concurrent run() from 8 threads with AOTI_NUM_RUNNERS=4",
           "[aoti][cuda][concurrency]") {
   TORCHLOOM_REQUIRE_CUDA();
   TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "mlp_cuda");
-  const reference ref = read_reference(dir);
+  const reference ref = read_aoti_reference(dir);
   runner<torchloom::pool_stream> r(model_spec::from_directory(dir).set("AOTI_NUM_RUNNERS", "4"),
                                    c10::Device("cuda:0"));
   REQUIRE(matches(r.run(ref.inputs), ref.outputs));
@@ -331,7 +307,7 @@ TEST_CASE("AOTI CUDA: concurrent run() from 8 threads with AOTI_NUM_RUNNERS=4",
 template <class Stream>
 void check_stream_ordering(const fs::path& dir, model_spec spec) {
   runner<Stream> r(std::move(spec), c10::Device("cuda:0"));
-  const reference ref = read_reference(dir);
+  const reference ref = read_aoti_reference(dir);
   REQUIRE(matches(r.run(ref.inputs), ref.outputs));
   std::vector<at::Tensor> xs;
   std::vector<at::Tensor> expected;
@@ -411,236 +387,5 @@ TEST_CASE("AOTI CUDA: a call does not wait on the host for the call before it",
   (void)cudaEventDestroy(first_done);
 }
 #endif
-
-// ---------------------------------------------------------------------------------------
-// Triton's torch_aoti repositories: packages made with plain aoti_compile_and_package (a
-// torchvision ResNet, a Hugging Face BERT, the dict-in/dict-out model of Triton's README) and
-// config.pbtxt files as Triton's documentation writes them, named by Triton 26.05's rules.
-
-namespace {
-
-struct repository_case {
-  const char* fixture;
-  std::vector<std::string> inputs;   // forward-based names, in the call spec's order
-  std::vector<std::string> outputs;  // forward-based names, in the call spec's order
-  std::vector<std::string> config_outputs;  // the config's name for each output, same order
-  double tolerance;
-};
-
-const std::vector<repository_case>& repository_cases() {
-  static const std::vector<repository_case> cases = {
-      {"resnet_aoti", {"ARGS[0]"}, {"RESULT"}, {"OUTPUT__0"}, 1e-3},
-      {"bert_aoti",
-       {"KWARGS[input_ids]", "KWARGS[attention_mask]"},
-       {"RESULT[last_hidden_state]", "RESULT[pooler_output]"},
-       {"RESULT[last_hidden_state]", "RESULT[pooler_output]"},
-       1e-4},
-      {"dict_io_aoti",
-       {"ARGS[0]", "ARGS[1]", "ARGS[2][keyA]", "ARGS[2][key2]", "KWARGS[kwarg1]",
-        "KWARGS[kw_arg2]"},
-       {"RESULT[AAA]", "RESULT[ZZZ]", "RESULT[BBB][0]", "RESULT[BBB][1]", "RESULT[CCC][keyA]",
-        "RESULT[CCC][key2]", "RESULT[DDD][KA]", "RESULT[DDD][KB]"},
-       {"RESULT[AAA]", "RESULT[ZZZ]", "RESULT[BBB][0]", "RESULT[BBB][1]", "RESULT[CCC][keyA]",
-        "RESULT[CCC][key2]", "RESULT[DDD][KA]", "RESULT[DDD][KB]"},
-       1e-3},
-  };
-  return cases;
-}
-
-bool close_to(const at::Tensor& got, const at::Tensor& want, double tolerance) {
-  if (got.sizes() != want.sizes() || got.scalar_type() != want.scalar_type()) return false;
-  return torch::allclose(got.cpu().to(torch::kDouble), want.cpu().to(torch::kDouble), tolerance,
-                         tolerance);
-}
-
-// The references were computed without TF32 (cuDNN's convolutions use it by default).
-struct no_tf32 {
-  bool before = at::globalContext().allowTF32CuDNN();
-  no_tf32() { at::globalContext().setAllowTF32CuDNN(false); }
-  ~no_tf32() { at::globalContext().setAllowTF32CuDNN(before); }
-};
-
-// Loads the repository `dir` with model_runner<aoti_loader, no_hook, Stream, Residency> on
-// the GPU its instance_group names, and checks run() and run_named() (forward-based and
-// ordinal names in, the config's names out) against the eager reference.
-template <class Stream, class Residency>
-void check_repository(const repository_case& c, const fs::path& dir) {
-  INFO(c.fixture << " with " << typeid(Stream).name() << ", " << typeid(Residency).name());
-  using runner_type = torchloom::model_runner<torchloom::aoti_loader, torchloom::no_hook, Stream,
-                                              Residency>;
-  model_spec spec = model_spec::from_directory(dir);
-  REQUIRE(spec.platform.name == "torch_aoti");
-  REQUIRE(torchloom::loader_for(spec) == torchloom::loader_kind::aoti);
-  if constexpr (std::is_same_v<Stream, torchloom::green_context_stream>) {
-    spec.set("GREEN_CONTEXT_SM_COUNT", "16");
-  }
-  const reference ref = read_reference(dir);
-  REQUIRE(ref.inputs.size() == c.inputs.size());
-  REQUIRE(ref.outputs.size() == c.outputs.size());
-  runner_type r(spec);
-  CHECK(r.device() == c10::Device("cuda:0"));  // instance_group KIND_GPU gpus [0]
-  CHECK(r.names().inputs == c.inputs);
-  CHECK(r.names().outputs == c.outputs);
-  const auto check_outputs = [&](const std::vector<at::Tensor>& got) {
-    REQUIRE(got.size() == ref.outputs.size());
-    for (std::size_t i = 0; i < got.size(); ++i) {
-      INFO("output " << i << " (" << c.outputs[i] << ")");
-      CHECK(got[i].device() == c10::Device("cuda:0"));
-      CHECK(close_to(got[i], ref.outputs[i], c.tolerance));
-    }
-  };
-  check_outputs(r.run(ref.inputs));  // CPU inputs, moved
-  check_outputs(r.run(on(ref.inputs, c10::Device("cuda:0"))));
-  std::map<std::string, c10::IValue> forward;
-  std::map<std::string, c10::IValue> ordinal;
-  for (std::size_t i = 0; i < c.inputs.size(); ++i) {
-    forward[c.inputs[i]] = ref.inputs[i];
-    ordinal["INPUT__" + std::to_string(i)] = ref.inputs[i];
-  }
-  for (const auto& named : {r.run_named(forward), r.run_named(ordinal)}) {
-    REQUIRE(named.size() == c.config_outputs.size());
-    std::vector<at::Tensor> got;
-    for (const auto& n : c.config_outputs) {
-      INFO(n);
-      REQUIRE(named.count(n) == 1);
-      got.push_back(named.at(n).toTensor());
-    }
-    check_outputs(got);
-  }
-  for (std::size_t i = 0; i < c.outputs.size(); ++i) {
-    CHECK(r.output_index(c.outputs[i]) == i);
-    CHECK(r.output_index("OUTPUT__" + std::to_string(i)) == i);
-  }
-  if constexpr (std::is_same_v<Residency, torchloom::shared_weights>) {
-    runner_type second(spec);  // the same package's weights, shared
-    check_outputs(second.run(ref.inputs));
-  }
-}
-
-template <class Stream>
-void check_repositories() {
-  TORCHLOOM_REQUIRE_CUDA();
-  const no_tf32 exact;
-  for (const auto& c : repository_cases()) {
-    const auto found = torchloom_test::aoti_fixture(c.fixture);
-    if (!found) {
-      TORCHLOOM_CATCH_SKIP(std::string("no AOTI fixture '") + c.fixture + "' in " +
-                           torchloom_test::aoti_fixture_root().string() +
-                           "; run scripts/make_aoti_fixtures.py DIR and set "
-                           "TORCHLOOM_AOTI_FIXTURES");
-    }
-    const fs::path dir = *found;
-    check_repository<Stream, torchloom::resident_weights>(c, dir);
-    check_repository<Stream, torchloom::shared_weights>(c, dir);
-#if TORCHLOOM_HAS_CUDA
-    check_repository<Stream, torchloom::mapped_weights>(c, dir);
-#endif
-  }
-}
-
-}  // namespace
-
-TEST_CASE("torch_aoti CUDA: Triton's repositories through caller_stream", "[aoti][cuda][triton]") {
-  check_repositories<torchloom::caller_stream>();
-}
-TEST_CASE("torch_aoti CUDA: Triton's repositories through pool_stream", "[aoti][cuda][triton]") {
-  check_repositories<torchloom::pool_stream>();
-}
-TEST_CASE("torch_aoti CUDA: Triton's repositories through adaptive_stream",
-          "[aoti][cuda][triton]") {
-  check_repositories<torchloom::adaptive_stream>();
-}
-#if TORCHLOOM_HAS_CUDA
-TEST_CASE("torch_aoti CUDA: Triton's repositories through green_context_stream",
-          "[aoti][cuda][triton]") {
-  check_repositories<torchloom::green_context_stream>();
-}
-#endif
-
-TEST_CASE("torch_aoti CUDA: a dynamic batch dimension serves batches up to max_batch_size",
-          "[aoti][cuda][triton][batch]") {
-  TORCHLOOM_REQUIRE_CUDA();
-  TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "resnet_aoti");
-  const no_tf32 exact;
-  const reference ref = read_reference(dir);  // a batch of 8
-  const at::Tensor x = ref.inputs.front().toTensor();
-  const at::Tensor want = ref.outputs.front();
-  REQUIRE(x.size(0) == 8);
-  runner<torchloom::pool_stream> r(model_spec::from_directory(dir));
-  REQUIRE(r.inputs().size() == 1);
-  CHECK(r.inputs()[0].max_batch_size == 8);  // config.pbtxt's max_batch_size
-  CHECK(r.inputs()[0].shape == std::vector<std::int64_t>{-1, 3, 64, 64});
-  for (const std::int64_t b : {1, 3, 5, 8}) {
-    INFO("batch " << b);
-    const auto out = r.run_tensors({x.narrow(0, 0, b)});
-    REQUIRE(out.size() == 1);
-    CHECK(out[0].size(0) == b);
-    CHECK(close_to(out[0], want.narrow(0, 0, b), 1e-3));
-    // The batches a dynamic batcher gathers: rows from several requests, one call.
-    const auto named = r.run_named({{"INPUT__0", x.narrow(0, 8 - b, b)}});
-    CHECK(close_to(named.at("OUTPUT__0").toTensor(), want.narrow(0, 8 - b, b), 1e-3));
-  }
-  CHECK_TORCHLOOM_ERROR(r.run({torch::cat({x, x.narrow(0, 0, 1)})}), errc::bad_input,
-                        "input 0", "has a batch of 9", "max_batch_size is 8");
-  CHECK_TORCHLOOM_ERROR(r.run({x.narrow(1, 0, 2)}), errc::bad_input, "shape [-1, 3, 64, 64]");
-  // Requests of different batch sizes from several threads at once.
-  std::vector<at::Tensor> expected;
-  for (std::int64_t b = 1; b <= 8; ++b) expected.push_back(r.run_tensors({x.narrow(0, 0, b)})[0]);
-  torch::cuda::synchronize();
-  std::atomic<int> wrong{0};
-  std::vector<std::thread> threads;
-  for (int t = 0; t < 4; ++t) {
-    threads.emplace_back([&, t] {
-      c10::StreamGuard guard(pool_cuda_stream());
-      for (int i = 0; i < 20; ++i) {
-        const std::int64_t b = 1 + (t * 3 + i) % 8;
-        const auto out = r.run_tensors({x.narrow(0, 0, b)})[0];
-        if (!close_to(out, expected[static_cast<std::size_t>(b - 1)], 1e-5)) ++wrong;
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
-  CHECK(wrong == 0);
-}
-
-TEST_CASE("torch_aoti CUDA: the package's names, the fixed keyword argument, and the wrong loader",
-          "[aoti][cuda][triton]") {
-  TORCHLOOM_REQUIRE_CUDA();
-  TORCHLOOM_REQUIRE_AOTI_FIXTURE(dir, "bert_aoti");
-  const reference ref = read_reference(dir);
-  runner<> r(model_spec::from_directory(dir));
-  // return_dict=True was fixed at export: a leaf of the call spec, not an input.
-  CHECK(r.names().fixed_inputs == std::vector<std::string>{"KWARGS[return_dict]"});
-  REQUIRE(r.inputs().size() == 2);
-  // torch 2.11 names the package's graph inputs arg<N>_<M>: the config's names, which also
-  // say which of the three leaves are inputs, are theirs.
-  CHECK(r.inputs()[0].name == "KWARGS[input_ids]");
-  CHECK(r.inputs()[0].dtype == c10::ScalarType::Long);  // from config.pbtxt
-  CHECK(r.input_index("KWARGS[input_ids]") == 0u);
-  CHECK(r.input_index("KWARGS[attention_mask]") == 1u);
-  CHECK_TORCHLOOM_ERROR(r.run_named({{"KWARGS[input_ids]", ref.inputs[0]},
-                                     {"KWARGS[attention_mask]", ref.inputs[1]},
-                                     {"KWARGS[return_dict]", ref.inputs[1]}}),
-                        errc::bad_input, "'KWARGS[return_dict]'",
-                        "fixed when the model was exported");
-  CHECK_TORCHLOOM_ERROR(r.run({ref.inputs[0].toTensor().to(torch::kInt32), ref.inputs[1]}),
-                        errc::bad_input, "input 0 ('KWARGS[input_ids]') must be int64");
-  // The repository is torch_aoti: a TorchScript runner refuses it, naming both.
-  CHECK_TORCHLOOM_ERROR(
-      torchloom::model_runner<torchloom::torchscript_loader>(model_spec::from_directory(dir)),
-      errc::invalid_option, "platform 'torch_aoti' calls for an AOTInductor package",
-      "use model_runner<aoti_loader, ...>");
-  // Chosen at run time, as the CLI and the backend choose it.
-  const auto spec = model_spec::from_directory(dir);
-  torchloom::policy_choice choice;
-  choice.loader = torchloom::loader_for(spec);
-  choice.stream = torchloom::stream_kind::pool;
-  const auto out = torchloom::with_runner_type(choice, [&](auto type) {
-    typename decltype(type)::type chosen(spec);
-    return chosen.run(ref.inputs);
-  });
-  REQUIRE(out.size() == 2);
-  CHECK(close_to(out[1], ref.outputs[1], 1e-4));
-}
 
 #endif  // TORCHLOOM_TORCH_VERSION >= 20600
