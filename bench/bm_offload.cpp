@@ -85,11 +85,8 @@ std::unique_ptr<any_runner> make_runner(const torchloom::model_spec& spec) {
 struct timing {
   double median_ms = 0;
   double p99_ms = 0;
-  explicit timing(std::vector<double> ms) {
-    std::sort(ms.begin(), ms.end());
-    median_ms = nearest_rank(ms, 0.5);
-    p99_ms = nearest_rank(ms, 0.99);
-  }
+  explicit timing(const std::vector<double>& ms)
+      : median_ms(percentile(ms, 0.5)), p99_ms(percentile(ms, 0.99)) {}
 };
 
 // Times single calls with CUDA events on the current stream (cuda:0's) at its construction:

@@ -31,31 +31,22 @@
 namespace torchloom_bench {
 
 namespace fs = std::filesystem;
+using steady = std::chrono::steady_clock;
 
-//! Nearest-rank percentile q (0 < q <= 1) of an ascending sample; 0 for an empty one.
-inline double nearest_rank(const std::vector<double>& sorted, double q) {
-  if (sorted.empty()) return 0.0;
-  const auto rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(sorted.size())));
-  return sorted[rank == 0 ? 0 : rank - 1];
-}
-
-//! Nearest-rank percentile q of a sample in any order.
+//! Nearest-rank percentile q (0 < q <= 1) of a sample in any order; 0 for an empty one.
 inline double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
-  return nearest_rank(v, q);
+  const auto rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(v.size())));
+  return v[rank == 0 ? 0 : rank - 1];
 }
 
-//! The median of an ascending sample (the mean of the middle two for an even count).
-inline double median_of_sorted(const std::vector<double>& sorted) {
-  if (sorted.empty()) return 0.0;
-  const std::size_t mid = sorted.size() / 2;
-  return sorted.size() % 2 == 1 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2.0;
-}
-
-//! The median of a sample in any order.
+//! The median of a sample in any order (the mean of the middle two for an even count).
 inline double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
-  return median_of_sorted(v);
+  const std::size_t mid = v.size() / 2;
+  return v.size() % 2 == 1 ? v[mid] : (v[mid - 1] + v[mid]) / 2.0;
 }
 
 //! The 99th percentile (nearest rank); also a Google Benchmark statistic over repetitions.
@@ -192,14 +183,18 @@ inline void set_counters(benchmark::State& state,
   for (const auto& [name, value] : counters) state.counters[name] = value;
 }
 
+//! Microseconds from `start` to now.
+inline double us_since(steady::time_point start) {
+  return std::chrono::duration<double, std::micro>(steady::now() - start).count();
+}
+
 //! Wall time of `call()` in microseconds. Whatever the call returns is destroyed inside the
 //! timed region, so both sides of a pair count the same work.
 template <class Fn>
 double time_call_us(Fn&& call) {
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = steady::now();
   call();
-  const auto stop = std::chrono::steady_clock::now();
-  return std::chrono::duration<double, std::micro>(stop - start).count();
+  return us_since(start);
 }
 
 //! `calls` untimed calls of `call`.
@@ -245,17 +240,15 @@ struct paired_medians {
 //! Sets the counters scripts/report.py reads from a paired benchmark: per-call medians, their
 //! ratio (runner / raw), p99s, and the calls per side. Plain values (kDefaults): per call
 //! already, so not to be divided by the iteration count.
-inline paired_medians set_paired_counters(benchmark::State& state, paired_samples& s) {
-  std::sort(s.raw_us.begin(), s.raw_us.end());
-  std::sort(s.runner_us.begin(), s.runner_us.end());
-  const paired_medians m{median_of_sorted(s.raw_us), median_of_sorted(s.runner_us)};
+inline paired_medians set_paired_counters(benchmark::State& state, const paired_samples& s) {
+  const paired_medians m{median(s.raw_us), median(s.runner_us)};
   using counter = benchmark::Counter;
   state.counters["raw_median_us"] = counter(m.raw_us, counter::kDefaults);
   state.counters["runner_median_us"] = counter(m.runner_us, counter::kDefaults);
   state.counters["ratio"] =
       counter(m.raw_us > 0.0 ? m.runner_us / m.raw_us : 0.0, counter::kDefaults);
-  state.counters["raw_p99_us"] = counter(nearest_rank(s.raw_us, 0.99), counter::kDefaults);
-  state.counters["runner_p99_us"] = counter(nearest_rank(s.runner_us, 0.99), counter::kDefaults);
+  state.counters["raw_p99_us"] = counter(p99(s.raw_us), counter::kDefaults);
+  state.counters["runner_p99_us"] = counter(p99(s.runner_us), counter::kDefaults);
   state.counters["calls"] = counter(static_cast<double>(s.raw_us.size()), counter::kDefaults);
   return m;
 }
