@@ -166,24 +166,22 @@ void bm_paired_graphs(benchmark::State& state, model_kind m, loader_kind l, std:
     state.SkipWithError("the graphed runner's output differs from the raw call's");
     return;
   }
-  const auto raw_once = [&] {
-    benchmark::DoNotOptimize(s.raw());
-    sync();
-  };
-  const auto runner_once = [&] {
-    benchmark::DoNotOptimize(s.runner());
-    sync();
-  };
-  paired_samples samples = time_paired(state, raw_once, runner_once);
-  const paired_medians medians = set_paired_counters(state, samples);
+  const paired_medians medians = time_paired(
+      state,
+      [&] {
+        benchmark::DoNotOptimize(s.raw());
+        sync();
+      },
+      [&] {
+        benchmark::DoNotOptimize(s.runner());
+        sync();
+      });
   const torchloom::graph_stats stats = s.stats();
-  using counter = benchmark::Counter;
-  state.counters["speedup"] =
-      counter(medians.runner_us > 0.0 ? medians.raw_us / medians.runner_us : 0.0);
-  state.counters["bitwise"] = counter(bitwise ? 1.0 : 0.0);
-  // 1 when the timed runner calls were replays (the graph was captured, not refused).
-  state.counters["replayed"] =
-      counter(stats.captures >= 1 && stats.uncapturable == 0 ? 1.0 : 0.0);
+  set_counters(state,
+               {{"speedup", medians.runner_us > 0.0 ? medians.raw_us / medians.runner_us : 0.0},
+                {"bitwise", bitwise ? 1.0 : 0.0},
+                // 1 when the timed runner calls were replays (captured, not refused).
+                {"replayed", stats.captures >= 1 && stats.uncapturable == 0 ? 1.0 : 0.0}});
 }
 
 #if TORCHLOOM_HAS_CUDA
@@ -284,10 +282,8 @@ void bm_graphs_floor_fused(benchmark::State& state, std::int64_t batch) {
       raw_once();
       floor_once();
     }
-    paired_samples samples = time_paired(state, raw_once, floor_once);
-    const paired_medians medians = set_paired_counters(state, samples);
-    state.counters["ceiling"] = benchmark::Counter(
-        medians.runner_us > 0.0 ? medians.raw_us / medians.runner_us : 0.0);
+    const paired_medians medians = time_paired(state, raw_once, floor_once);
+    state.counters["ceiling"] = medians.runner_us > 0.0 ? medians.raw_us / medians.runner_us : 0.0;
     if (!launched) state.SkipWithError("cudaGraphLaunch failed");
   }
   if (exec != nullptr) (void)cudaGraphExecDestroy(exec);

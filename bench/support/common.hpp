@@ -177,7 +177,7 @@ class built_once {
   bool tried_ = false;
 };
 
-//! Sets plain counters (kDefaults), name by name.
+//! Sets plain counters (kDefaults: per call or per run already, not divided by iterations).
 inline void set_counters(benchmark::State& state,
                          std::initializer_list<std::pair<const char*, double>> counters) {
   for (const auto& [name, value] : counters) state.counters[name] = value;
@@ -203,62 +203,41 @@ void warm_up(int calls, Fn&& call) {
   for (int i = 0; i < calls; ++i) call();
 }
 
-//! Per-call times of the two sides of a paired benchmark, in microseconds.
-struct paired_samples {
-  std::vector<double> raw_us;
-  std::vector<double> runner_us;
-};
-
-//! One raw call and one runner call per iteration, each timed on its own. Which side goes
-//! first swaps every iteration: the second call of a pair finds caches (and on CUDA, the
-//! launch queue) warmed by the first.
-template <class Raw, class Runner>
-paired_samples time_paired(benchmark::State& state, Raw&& raw_once, Runner&& runner_once) {
-  paired_samples s;
-  s.raw_us.reserve(static_cast<std::size_t>(state.max_iterations));
-  s.runner_us.reserve(static_cast<std::size_t>(state.max_iterations));
-  bool raw_first = true;
-  for (auto _ : state) {
-    if (raw_first) {
-      s.raw_us.push_back(time_call_us(raw_once));
-      s.runner_us.push_back(time_call_us(runner_once));
-    } else {
-      s.runner_us.push_back(time_call_us(runner_once));
-      s.raw_us.push_back(time_call_us(raw_once));
-    }
-    raw_first = !raw_first;
-  }
-  return s;
-}
-
 //! The medians of a paired benchmark's two sides.
 struct paired_medians {
   double raw_us = 0.0;
   double runner_us = 0.0;
 };
 
-//! Sets the counters scripts/report.py reads from a paired benchmark: per-call medians, their
-//! ratio (runner / raw), p99s, and the calls per side. Plain values (kDefaults): per call
-//! already, so not to be divided by the iteration count.
-inline paired_medians set_paired_counters(benchmark::State& state, const paired_samples& s) {
-  const paired_medians m{median(s.raw_us), median(s.runner_us)};
-  using counter = benchmark::Counter;
-  state.counters["raw_median_us"] = counter(m.raw_us, counter::kDefaults);
-  state.counters["runner_median_us"] = counter(m.runner_us, counter::kDefaults);
-  state.counters["ratio"] =
-      counter(m.raw_us > 0.0 ? m.runner_us / m.raw_us : 0.0, counter::kDefaults);
-  state.counters["raw_p99_us"] = counter(p99(s.raw_us), counter::kDefaults);
-  state.counters["runner_p99_us"] = counter(p99(s.runner_us), counter::kDefaults);
-  state.counters["calls"] = counter(static_cast<double>(s.raw_us.size()), counter::kDefaults);
-  return m;
-}
-
-//! time_paired, then its counters.
+//! One raw call and one runner call per iteration, each timed on its own. Which side goes
+//! first swaps every iteration: the second call of a pair finds caches (and on CUDA, the
+//! launch queue) warmed by the first. Sets the counters scripts/report.py reads: per-call
+//! medians, their ratio (runner / raw), p99s, and the calls per side.
 template <class Raw, class Runner>
-paired_medians time_and_count_paired(benchmark::State& state, Raw&& raw_once,
-                                     Runner&& runner_once) {
-  paired_samples samples = time_paired(state, raw_once, runner_once);
-  return set_paired_counters(state, samples);
+paired_medians time_paired(benchmark::State& state, Raw&& raw_once, Runner&& runner_once) {
+  std::vector<double> raw;
+  std::vector<double> runner;
+  raw.reserve(static_cast<std::size_t>(state.max_iterations));
+  runner.reserve(static_cast<std::size_t>(state.max_iterations));
+  bool raw_first = true;
+  for (auto _ : state) {
+    if (raw_first) {
+      raw.push_back(time_call_us(raw_once));
+      runner.push_back(time_call_us(runner_once));
+    } else {
+      runner.push_back(time_call_us(runner_once));
+      raw.push_back(time_call_us(raw_once));
+    }
+    raw_first = !raw_first;
+  }
+  const paired_medians m{median(raw), median(runner)};
+  set_counters(state, {{"raw_median_us", m.raw_us},
+                       {"runner_median_us", m.runner_us},
+                       {"ratio", m.raw_us > 0.0 ? m.runner_us / m.raw_us : 0.0},
+                       {"raw_p99_us", p99(raw)},
+                       {"runner_p99_us", p99(runner)},
+                       {"calls", static_cast<double>(raw.size())}});
+  return m;
 }
 
 //! One host-time part: the counter it sets, and one call of it.
@@ -283,8 +262,7 @@ void time_host_parts(benchmark::State& state, const std::vector<host_part>& part
   }
   const double calls = static_cast<double>(batches) * batch_calls;
   for (std::size_t p = 0; p < parts.size(); ++p) {
-    state.counters[parts[p].first] =
-        benchmark::Counter(calls > 0 ? total_us[p] / calls : 0.0, benchmark::Counter::kDefaults);
+    state.counters[parts[p].first] = calls > 0 ? total_us[p] / calls : 0.0;
   }
 }
 
@@ -329,9 +307,7 @@ void time_separately(benchmark::State& state, Once&& once, Check&& check) {
   for (auto _ : state) once();
 }
 
-//! A paired benchmark (one repetition: max_iterations calls of each side, interleaved by
-//! time_paired, each timed on its own): warm-up calls of both sides, then, when `check()`
-//! holds, the timed loop and its counters.
+//! A paired benchmark: warm-up calls of both sides, then, when `check()` holds, time_paired.
 template <class Raw, class Runner, class Check>
 void time_paired_checked(benchmark::State& state, Raw&& raw_once, Runner&& runner_once,
                          Check&& check) {
@@ -340,7 +316,7 @@ void time_paired_checked(benchmark::State& state, Raw&& raw_once, Runner&& runne
     runner_once();
   });
   if (!check()) return;
-  time_and_count_paired(state, raw_once, runner_once);
+  time_paired(state, raw_once, runner_once);
 }
 
 //! Registers, for the device of `device_arg` (0: cpu, else cuda:0) at batch 1 and 32:
