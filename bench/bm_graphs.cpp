@@ -14,9 +14,8 @@
 
 #if TORCHLOOM_HAS_CUDA
 #include <ATen/cuda/CUDAGraph.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime_api.h>
+
+#include "bench/support/cuda.hpp"
 #endif
 
 namespace torchloom_bench {
@@ -268,7 +267,7 @@ void bm_graphs_floor_fused(benchmark::State& state, std::int64_t batch) {
   if (!ok) {
     state.SkipWithError("CUDA refused the hand-made graph");
   } else {
-    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(0).stream();
+    const cudaStream_t stream = current_stream();
     bool launched = true;
     const auto raw_once = [&] {
       benchmark::DoNotOptimize(raw.forward(raw_inputs).toTensor());
@@ -308,7 +307,7 @@ void bm_graphs_host_parts(benchmark::State& state) {
   const at::Tensor& static_out = h.static_out;
   graph.replay();
   sync();
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(0).stream();
+  const cudaStream_t stream = current_stream();
   const at::Tensor other = static_out.clone();
   cudaEvent_t event = nullptr;
   cudaGraph_t copy_graph = nullptr;

@@ -59,8 +59,6 @@ constexpr contention phases{.calls = 2000,
 template <class S>
 using runner_type = torchloom::model_runner<torchloom::torchscript_loader, torchloom::no_hook, S>;
 
-cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream(0).stream(); }
-
 // The process's models, inputs and streams, built on first use and kept for the whole run;
 // the model files' directory goes with it.
 struct process_state {
@@ -190,7 +188,7 @@ void bm_isolation(benchmark::State& state, cotenant_kind kind) {
     };
     c.cotenant_sms = green_sm_count_of<complement>();
 #else
-    state.SkipWithError("torchloom/stream/green_context.hpp is not in this build");
+    state.SkipWithError(no_green_context);
     return;
 #endif
   }
@@ -212,7 +210,7 @@ void bm_isolation(benchmark::State& state, cotenant_kind kind) {
         },
         [&](int calls) {
           for (int i = 0; i < calls; ++i) victim->run(p->victim_inputs);
-          check_cuda(cudaStreamSynchronize(current_stream()), "cudaStreamSynchronize");
+          sync_current_stream();
         },
         kind == cotenant_kind::none
             ? std::function<std::unique_ptr<cotenant_threads>()>()
@@ -235,7 +233,7 @@ void register_benchmarks() {
   const auto green_victim = bm_isolation<torchloom::green_context_stream>;
 #else
   const auto green_victim = +[](benchmark::State& state, cotenant_kind) {
-    state.SkipWithError("torchloom/stream/green_context.hpp is not in this build");
+    state.SkipWithError(no_green_context);
   };
 #endif
   register_one("BM_alone_plain", bm_isolation<torchloom::caller_stream>, none);

@@ -89,23 +89,13 @@ struct timing {
       : median_ms(percentile(ms, 0.5)), p99_ms(percentile(ms, 0.99)) {}
 };
 
-// Times single calls with CUDA events on the current stream (cuda:0's) at its construction:
-// once(f) is the milliseconds of device time from before `f`'s work to after it.
-class stream_timer {
- public:
-  double once(const std::function<void()>& f) { return events_.time_ms(stream_, f); }
-
- private:
-  cudaStream_t stream_ = c10::cuda::getCurrentCUDAStream(0).stream();
-  event_timer events_;
-};
-
-// Times `forward`: `warmup` untimed calls, then `reps`.
+// Times `forward` with CUDA events on the current stream: `warmup` untimed calls, then `reps`.
 timing time_forward(const std::function<void()>& forward) {
-  stream_timer timer;
+  event_timer events;
+  const cudaStream_t s = current_stream();
   std::vector<double> ms;
   for (int i = 0; i < warmup + reps; ++i) {
-    const double t = timer.once(forward);
+    const double t = events.time_ms(s, forward);
     if (i >= warmup) ms.push_back(t);
   }
   return timing(ms);
@@ -117,20 +107,21 @@ timing time_forward(const std::function<void()>& forward) {
 std::pair<timing, timing> time_in_blocks(const std::function<void()>& a,
                                          const std::function<void()>& b) {
   constexpr int block = 6;
-  stream_timer timer;
+  event_timer events;
+  const cudaStream_t s = current_stream();
   std::vector<double> ta;
   std::vector<double> tb;
   for (int i = 0; i < warmup; ++i) {
-    timer.once(a);
-    timer.once(b);
+    events.time_ms(s, a);
+    events.time_ms(s, b);
   }
   while (static_cast<int>(ta.size()) < reps) {
     for (int i = 0; i < block; ++i) {
-      const double t = timer.once(a);
+      const double t = events.time_ms(s, a);
       if (i > 0) ta.push_back(t);
     }
     for (int i = 0; i < block; ++i) {
-      const double t = timer.once(b);
+      const double t = events.time_ms(s, b);
       if (i > 0) tb.push_back(t);
     }
   }
