@@ -218,36 +218,26 @@ void bm_isolation(benchmark::State& state, cotenant_kind kind) {
   });
 }
 
-template <class Fn>
-void register_one(const char* name, Fn fn, cotenant_kind kind) {
-  benchmark::RegisterBenchmark(name, fn, kind)
-      ->Unit(benchmark::kMicrosecond)
-      ->UseManualTime()
-      ->Iterations(1)
-      ->Repetitions(1);
-}
-
 void register_benchmarks() {
   using enum cotenant_kind;
 #ifdef TORCHLOOM_BENCH_HAS_GREEN_CONTEXT
   const auto green_victim = bm_isolation<torchloom::green_context_stream>;
 #else
-  const auto green_victim = +[](benchmark::State& state, cotenant_kind) {
-    state.SkipWithError(no_green_context);
-  };
+  const auto green_victim = skip_with(no_green_context);
 #endif
-  register_one("BM_alone_plain", bm_isolation<torchloom::caller_stream>, none);
-  register_one("BM_cotenant_plain_streams", bm_isolation<torchloom::caller_stream>, plain);
-  register_one("BM_alone_green", green_victim, none);
-  register_one("BM_cotenant_green_contexts", green_victim, green);
-  register_one("BM_cotenant_green_victim_only", green_victim, plain);
+  const auto plain_victim = bm_isolation<torchloom::caller_stream>;
+  register_manual("BM_alone_plain", benchmark::kMicrosecond, plain_victim, none);
+  register_manual("BM_cotenant_plain_streams", benchmark::kMicrosecond, plain_victim, plain);
+  register_manual("BM_alone_green", benchmark::kMicrosecond, green_victim, none);
+  register_manual("BM_cotenant_green_contexts", benchmark::kMicrosecond, green_victim, green);
+  register_manual("BM_cotenant_green_victim_only", benchmark::kMicrosecond, green_victim, plain);
 }
 
 #else  // !TORCHLOOM_HAS_CUDA
 
-void bm_isolation(benchmark::State& state) { state.SkipWithError("built without CUDA"); }
-
-void register_benchmarks() { benchmark::RegisterBenchmark("BM_isolation", bm_isolation); }
+void register_benchmarks() {
+  benchmark::RegisterBenchmark("BM_isolation", skip_with("built without CUDA"));
+}
 
 #endif
 

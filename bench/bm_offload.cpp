@@ -469,8 +469,6 @@ void bm_offload_llm(benchmark::State& state) {
     streamed_counters(state, streamed->memory());
   });
 #else
-  for (auto _ : state) {
-  }
   state.SkipWithError("the package rows need LibTorch >= 2.6 (aoti_loader)");
 #endif
 }
@@ -516,11 +514,8 @@ void register_all() {
 #else
 
 void register_all() {
-  benchmark::RegisterBenchmark("BM_offload_limit", [](benchmark::State& state) {
-    for (auto _ : state) {
-    }
-    state.SkipWithError("bm_offload needs CUDA (TORCHLOOM_HAS_CUDA)");
-  });
+  benchmark::RegisterBenchmark("BM_offload_limit",
+                               skip_with("bm_offload needs CUDA (TORCHLOOM_HAS_CUDA)"));
 }
 
 #endif

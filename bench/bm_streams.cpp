@@ -281,10 +281,6 @@ void bm_stream_hops(benchmark::State& state) {
   });
 }
 
-#ifndef TORCHLOOM_BENCH_HAS_GREEN_CONTEXT
-void bm_green_missing(benchmark::State& state) { state.SkipWithError(no_green_context); }
-#endif
-
 template <class Fn, class... Args>
 void register_one(const char* name, bool runnable, Fn fn, Args... args) {
   // Without a device the benchmark only reports its skip: once, not once per repetition.
@@ -306,7 +302,7 @@ void register_benchmarks() {
 #ifdef TORCHLOOM_BENCH_HAS_GREEN_CONTEXT
   register_one("BM_green_context_stream", true, bm_policy<green_context_stream>, false);
 #else
-  register_one("BM_green_context_stream", false, bm_green_missing);
+  register_one("BM_green_context_stream", false, skip_with(no_green_context));
 #endif
   register_once("BM_stream_hops", 1, bm_stream_hops);
   register_once("BM_fence_host_parts", 20, bm_fence_host_parts);
@@ -314,9 +310,9 @@ void register_benchmarks() {
 
 #else  // !TORCHLOOM_HAS_CUDA
 
-void bm_streams(benchmark::State& state) { state.SkipWithError("built without CUDA"); }
-
-void register_benchmarks() { benchmark::RegisterBenchmark("BM_streams", bm_streams); }
+void register_benchmarks() {
+  benchmark::RegisterBenchmark("BM_streams", skip_with("built without CUDA"));
+}
 
 #endif
 

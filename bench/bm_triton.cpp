@@ -499,13 +499,8 @@ void register_benchmarks() {
     }
   }
   for (const bool green : {true, false}) {
-    benchmark::RegisterBenchmark(
-        green ? "BM_serving_t16/partition:green" : "BM_serving_t16/partition:plain",
-        [green](benchmark::State& s) { bm_t16(s, green); })
-        ->UseManualTime()
-        ->Iterations(1)
-        ->Repetitions(1)
-        ->Unit(benchmark::kMicrosecond);
+    register_manual(green ? "BM_serving_t16/partition:green" : "BM_serving_t16/partition:plain",
+                    benchmark::kMicrosecond, bm_t16, green);
   }
 }
 

@@ -87,6 +87,11 @@ inline bool skip_if(benchmark::State& state, const std::string& why) {
   return !why.empty();
 }
 
+//! A benchmark function, of any arguments, that only reports why it cannot run in this build.
+inline auto skip_with(std::string why) {
+  return [why](benchmark::State& state, auto&&...) { state.SkipWithError(why.c_str()); };
+}
+
 //! "no CUDA device" when `device` is a GPU and there is none, else "".
 inline std::string no_device(c10::Device device) {
   return device.is_cuda() && !torch::cuda::is_available() ? "no CUDA device" : "";
@@ -292,6 +297,16 @@ auto register_once(const std::string& name, benchmark::IterationCount iterations
       ->Unit(benchmark::kMicrosecond)
       ->UseRealTime()
       ->Iterations(iterations)
+      ->Repetitions(1);
+}
+
+//! A benchmark of one iteration and one repetition, timed by SetIterationTime.
+template <class... Args>
+auto register_manual(const std::string& name, benchmark::TimeUnit unit, Args&&... fn_and_args) {
+  return benchmark::RegisterBenchmark(name.c_str(), std::forward<Args>(fn_and_args)...)
+      ->Unit(unit)
+      ->UseManualTime()
+      ->Iterations(1)
       ->Repetitions(1);
 }
 
