@@ -200,14 +200,14 @@ template <class Residency>
 using package_runner = torchloom::model_runner<torchloom::aoti_loader, torchloom::no_hook,
                                                torchloom::caller_stream, Residency>;
 
-// A package of scripts/make_offload_fixture.py or make_transformer_fixtures.py (`how`); throws
-// without it.
-fs::path package_dir(const std::string& name, const std::string& how) {
-  const auto dir = env_or("TORCHLOOM_OFFLOAD_FIXTURES", TORCHLOOM_OFFLOAD_FIXTURE_DIR) / name;
-  const std::string why = no_file(dir / "1" / "model.pt2",
-                                  how + " (or set TORCHLOOM_OFFLOAD_FIXTURES)");
-  if (!why.empty()) throw std::runtime_error(why);
-  return dir;
+// A package of scripts/make_offload_fixture.py or make_transformer_fixtures.py (`script`);
+// throws without it.
+fs::path package_dir(const std::string& name, const std::string& script) {
+  constexpr fixtures offload{"TORCHLOOM_OFFLOAD_FIXTURES", TORCHLOOM_OFFLOAD_FIXTURE_DIR};
+  if (auto why = offload.missing(name, "model.pt2", script); !why.empty()) {
+    throw std::runtime_error(why);
+  }
+  return offload.dir(name);
 }
 #endif
 
@@ -238,10 +238,8 @@ struct fixture {
   std::unique_ptr<offload_model> package;  // large_aoti, on first use
 
   static fixture& get() {
-    static std::unique_ptr<fixture> f;
-    if (!f) {
-      f = std::make_unique<fixture>();
-      at_teardown().push_back([] { f.reset(); });
+    return kept<fixture>([] {
+      auto f = std::make_unique<fixture>();
       f->limit_gbps = [] {
         const auto bytes = torch::TensorOptions().dtype(torch::kUInt8);
         auto host = torch::empty({1024 * mib}, bytes.pinned_memory(true));
@@ -252,8 +250,8 @@ struct fixture {
       }();
       f->large = make_model(f->dir.path(), "large", 16, 1, 8192, 512);
       f->small = make_model(f->dir.path(), "small_tensors", 16, 64, 4096, 128);
-    }
-    return *f;
+      return f;
+    });
   }
 };
 

@@ -47,7 +47,7 @@ template <class S>
 runner_type<S>* runner(std::string& error) {
   static built_once<runner_type<S>> slot;
   return slot.get(error, [](std::optional<runner_type<S>>& r) {
-    auto spec = torchloom::model_spec::from_directory(TORCHLOOM_BUNDLED_MODEL_DIR);
+    auto spec = bundled_spec();
 #ifdef TORCHLOOM_BENCH_HAS_GREEN_CONTEXT
     // About half an H100.
     if constexpr (std::is_same_v<S, torchloom::green_context_stream>) {

@@ -117,13 +117,8 @@ struct serving_fixture {
   }
 };
 
-serving_fixture& fixture() {  // made on first use, kept for the whole run
-  static std::unique_ptr<serving_fixture> f;
-  if (!f) {
-    f = std::make_unique<serving_fixture>();
-    at_teardown().push_back([] { f.reset(); });
-  }
-  return *f;
+serving_fixture& fixture() {
+  return kept<serving_fixture>([] { return std::make_unique<serving_fixture>(); });
 }
 
 // Sends one request; throws the response's error.
@@ -155,8 +150,6 @@ std::string mlp_body(bool gpu, bool batched, const std::string& parameters = {})
          "output [ { name: \"y\" data_type: TYPE_FP32 dims: [ 16 ] } ]\n" +
          instance(gpu) + (batched ? batching : "") + parameters;
 }
-
-fs::path bundled_model() { return fs::path(TORCHLOOM_BUNDLED_MODEL_DIR) / "1" / "model.pt"; }
 
 // Why `device` cannot be served here, or "".
 std::string device_unavailable(c10::Device device) {
@@ -295,7 +288,9 @@ side served(const std::string& label, const std::string& model, const std::strin
 }
 
 using direct_runner = torchloom::model_runner<torchloom::torchscript_loader>;
-per_device<direct_runner> direct_runners;
+per_device<direct_runner> direct_runners([](c10::Device d) {
+  return std::make_unique<direct_runner>(bundled_spec(), d);
+});
 
 void bm_t13(benchmark::State& state, c10::Device device) {
   if (skip_if(state, device_unavailable(device))) return;
@@ -307,13 +302,10 @@ void bm_t13(benchmark::State& state, c10::Device device) {
   const std::string tl_batched = tl + "_batched";
   for (const auto& [name, batched] : {std::pair{tl, false}, std::pair{tl_batched, true}}) {
     const std::string body = mlp_body(gpu, batched);
-    if (skip_if(state, f.ensure(name, "torchloom", body, bundled_model()))) return;
+    if (skip_if(state, f.ensure(name, "torchloom", body, bundled_file()))) return;
   }
   static const mlp_inputs in;
-  direct_runner& runner = direct_runners.get(device, [](c10::Device d) {
-    return std::make_unique<direct_runner>(
-        torchloom::model_spec::from_directory(TORCHLOOM_BUNDLED_MODEL_DIR), d);
-  });
+  direct_runner& runner = direct_runners(device);
   static fifo_lock one_at_a_time;
   std::vector<side> sides = {
       {"runner",
@@ -365,7 +357,7 @@ void bm_t15(benchmark::State& state, c10::Device device) {
                                      {"pytorch_batched", "pytorch", true}};
   for (const auto& m : models) {
     const std::string body = mlp_body(gpu, m.batched, m.backend == "torchloom" ? stream : "");
-    if (skip_if(state, f.ensure("t15_" + m.label + suffix, m.backend, body, bundled_model()))) {
+    if (skip_if(state, f.ensure("t15_" + m.label + suffix, m.backend, body, bundled_file()))) {
       return;
     }
   }

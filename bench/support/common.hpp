@@ -1,12 +1,16 @@
 #pragma once
 // What every benchmark program shares: statistics (PERF.md's method: medians and p99s, nearest
-// rank), the timing loops, registration and main, skips that say why, inputs, fixture
-// directories, and objects built once per process and kept for the whole run.
+// rank), the timing loops, registration and main, skips that say why, the models, inputs and
+// calls a user writes by hand, fixture directories, and objects kept for the whole run.
 #include <torchloom/torchloom.hpp>
 
 #include <benchmark/benchmark.h>
 #include <torch/cuda.h>
 #include <torch/script.h>
+
+#if TORCHLOOM_HAS_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -60,8 +64,25 @@ inline double max_of(const std::vector<double>& v) {
   return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end());
 }
 
-//! The bundled model's input: float32 [batch, 64].
-constexpr std::int64_t feature_count = 64;
+//! Microseconds from `start` to now.
+inline double us_since(steady::time_point start) {
+  return std::chrono::duration<double, std::micro>(steady::now() - start).count();
+}
+
+//! Wall time of `call()` in microseconds. Whatever the call returns is destroyed inside the
+//! timed region, so both sides of a pair count the same work.
+template <class Fn>
+double time_call_us(Fn&& call) {
+  const auto start = steady::now();
+  call();
+  return us_since(start);
+}
+
+//! `calls` untimed calls of `call`.
+template <class Fn>
+void warm_up(int calls, Fn&& call) {
+  for (int i = 0; i < calls; ++i) call();
+}
 
 //! Benchmark argument 0 is the CPU, any other cuda:0.
 inline c10::Device device_for(std::int64_t arg) {
@@ -107,26 +128,82 @@ void guarded(benchmark::State& state, Body&& body) {
   }
 }
 
+//! The bundled tiny MLP (float32 [batch, 64] in): its Triton-layout spec and TorchScript file.
+inline torchloom::model_spec bundled_spec() {
+  return torchloom::model_spec::from_directory(TORCHLOOM_BUNDLED_MODEL_DIR);
+}
+inline fs::path bundled_file() { return fs::path(TORCHLOOM_BUNDLED_MODEL_DIR) / "1" / "model.pt"; }
+
 //! Random inputs for the bundled model on `device` (never zeros: PERF.md), the same on both
 //! sides of a pair.
 inline at::Tensor bundled_input(c10::Device device, std::int64_t batch) {
   torch::manual_seed(42);
-  return torch::rand({batch, feature_count}, torch::TensorOptions().device(device));
+  return torch::rand({batch, 64}, torch::TensorOptions().device(device));
 }
 
-//! The directory environment variable `name` names, else `fallback`.
-inline fs::path env_or(const char* name, const fs::path& fallback) {
-  const char* env = std::getenv(name);
-  return env != nullptr && *env != 0 ? fs::path(env) : fallback;
+//! What a user writes by hand for a TorchScript file: load on the device, eval mode.
+inline torch::jit::Module load_module(const fs::path& file, c10::Device device) {
+  torch::jit::Module m = torch::jit::load(file.string(), device);
+  m.eval();
+  return m;
 }
 
-//! "no package <file>; run <how>" when `file` is not there, else "".
-inline std::string no_file(const fs::path& file, const std::string& how,
-                           const char* what = "package") {
+//! One hand-written TorchScript call, as the runner makes it: InferenceMode per call, inputs
+//! copied (forward takes its vector by value).
+inline c10::IValue raw_call(torch::jit::Module& m, const std::vector<c10::IValue>& inputs) {
+  c10::InferenceMode inference;
+  return m.forward(inputs);
+}
+
+#if TORCHLOOM_TORCH_VERSION >= 20600
+using package_loader = torch::inductor::AOTIModelPackageLoader;
+
+//! What a user writes by hand for an AOTInductor package: the loader on `device`.
+inline std::unique_ptr<package_loader> load_package(const fs::path& file, c10::Device device,
+                                                    const char* model) {
+  return torchloom::detail::make_package_loader<package_loader>(model, file.string(), "model", 1,
+                                                                device);
+}
+
+//! One hand-written AOTI call, as the runner makes it: InferenceMode per call, the caller's
+//! current stream passed explicitly.
+inline std::vector<at::Tensor> raw_call(package_loader& p, const std::vector<at::Tensor>& inputs,
+                                        c10::Device device) {
+  c10::InferenceMode inference;
+  void* stream = nullptr;
+#if TORCHLOOM_HAS_CUDA
+  if (device.is_cuda()) stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+#else
+  (void)device;  // without CUDA headers: AOTI takes the current stream itself
+#endif
+  return p.run(inputs, stream);
+}
+#endif
+
+//! "no model <file>; run <how>" when `file` is not there, else "".
+inline std::string no_model(const fs::path& file, const std::string& how) {
   std::error_code ec;
   if (fs::is_regular_file(file, ec)) return {};
-  return std::string("no ") + what + " " + file.string() + "; run " + how;
+  return "no model " + file.string() + "; run " + how;
 }
+
+//! Where a fixture script's models are: under the directory environment variable `env` names,
+//! else under `built` (where scripts/gpu.sh makes them, in the build tree).
+struct fixtures {
+  const char* env;
+  const char* built;
+
+  //! Model `name`'s Triton-layout directory.
+  fs::path dir(const std::string& name) const {
+    const char* set = std::getenv(env);
+    return (set != nullptr && *set != 0 ? fs::path(set) : fs::path(built)) / name;
+  }
+
+  //! Why model `name` (its 1/`file`) is not there: no_model, naming `script` and `env`.
+  std::string missing(const std::string& name, const char* file, const std::string& script) const {
+    return no_model(dir(name) / "1" / file, script + " (or set " + env + ")");
+  }
+};
 
 //! What the benchmarks keep for the whole run, each released by a function here: main()
 //! calls them after the runs (last kept, first released), so no CUDA tensor outlives the CUDA
@@ -136,20 +213,34 @@ inline std::vector<std::function<void()>>& at_teardown() {
   return releases;
 }
 
+//! The process's one T, made by `make()` (a std::unique_ptr<T>) on first use and kept.
+template <class T, class Make>
+T& kept(Make&& make) {
+  static std::unique_ptr<T> p;
+  if (!p) {
+    p = make();
+    at_teardown().push_back([] { p.reset(); });
+  }
+  return *p;
+}
+
 //! One T per device, made by `make(device)` (a std::unique_ptr<T>) on first use and kept for
 //! the whole run: a load is not what a per-call benchmark measures.
 template <class T>
 class per_device {
  public:
-  template <class Make>
-  T& get(c10::Device device, Make&& make) {
+  explicit per_device(std::function<std::unique_ptr<T>(c10::Device)> make)
+      : make_(std::move(make)) {}
+
+  T& operator()(c10::Device device) {
     if (items_.empty()) at_teardown().push_back([this] { items_.clear(); });
     auto& p = items_[device.str()];
-    if (!p) p = make(device);
+    if (!p) p = make_(device);
     return *p;
   }
 
  private:
+  std::function<std::unique_ptr<T>(c10::Device)> make_;
   std::map<std::string, std::unique_ptr<T>> items_;
 };
 
@@ -186,26 +277,6 @@ class built_once {
 inline void set_counters(benchmark::State& state,
                          std::initializer_list<std::pair<const char*, double>> counters) {
   for (const auto& [name, value] : counters) state.counters[name] = value;
-}
-
-//! Microseconds from `start` to now.
-inline double us_since(steady::time_point start) {
-  return std::chrono::duration<double, std::micro>(steady::now() - start).count();
-}
-
-//! Wall time of `call()` in microseconds. Whatever the call returns is destroyed inside the
-//! timed region, so both sides of a pair count the same work.
-template <class Fn>
-double time_call_us(Fn&& call) {
-  const auto start = steady::now();
-  call();
-  return us_since(start);
-}
-
-//! `calls` untimed calls of `call`.
-template <class Fn>
-void warm_up(int calls, Fn&& call) {
-  for (int i = 0; i < calls; ++i) call();
 }
 
 //! The medians of a paired benchmark's two sides.
@@ -250,10 +321,10 @@ using host_part = std::pair<const char*, std::function<void()>>;
 
 //! Sets, for each part, its counter to the mean host time of one call in microseconds, over
 //! batches of `batch_calls` calls, one batch per part in each iteration, with `settle()` (not
-//! timed: a device synchronisation, say) before each batch. Plain values, per call already.
+//! timed: a device synchronisation, say) before each batch.
 template <class Settle>
-void time_host_parts(benchmark::State& state, const std::vector<host_part>& parts,
-                     Settle&& settle, int batch_calls = 100) {
+void time_host_parts(benchmark::State& state, const std::vector<host_part>& parts, Settle&& settle,
+                     int batch_calls = 100) {
   std::vector<double> total_us(parts.size(), 0.0);
   std::int64_t batches = 0;
   for (auto _ : state) {
@@ -292,7 +363,7 @@ B* with_spread(B* b, int repetitions) {
 //! A benchmark of `iterations` iterations and one repetition, real time in microseconds.
 template <class... Args>
 auto register_once(const std::string& name, benchmark::IterationCount iterations,
-                         Args&&... fn_and_args) {
+                   Args&&... fn_and_args) {
   return benchmark::RegisterBenchmark(name.c_str(), std::forward<Args>(fn_and_args)...)
       ->Unit(benchmark::kMicrosecond)
       ->UseRealTime()
@@ -338,9 +409,9 @@ void time_paired_checked(benchmark::State& state, Raw&& raw_once, Runner&& runne
 //! BM_raw_<x> and BM_runner_<x>, `separate(state, device_arg, batch, is_runner)`, 30
 //! repetitions of at least 0.1 s; then, for each (name, arm) of `arms`, <name>,
 //! `paired(state, device_arg, batch, arm)`, 3 repetitions of a fixed count of calls per side
-//! (the median moves by well under 1% between repetitions at these counts). Names pair up in
-//! the report: BM_raw_<x>/<suffix> with BM_runner_<x>/<suffix>; BM_paired_<x>/<suffix> has a
-//! table of its own. Without `can` (no device, no model) each reports its skip once.
+//! (the median moves by well under 1% between repetitions at these counts). The report pairs
+//! BM_raw_<x>/<suffix> with BM_runner_<x>/<suffix>; BM_paired_<x>/<suffix> has a table of its
+//! own. Without `can` (no device, no model) each reports its skip once.
 template <class Separate, class Paired, class Arm>
 void register_t1(const std::string& x, std::int64_t device_arg, bool can, Separate separate,
                  Paired paired, std::initializer_list<std::pair<const char*, Arm>> arms) {
@@ -380,10 +451,8 @@ int run_main(int argc, char** argv, Register&& register_benchmarks) {
 
 }  // namespace torchloom_bench
 
-//! Defines main() for a benchmark program (as BENCHMARK_MAIN does): run_main with the
-//! function `register_fn` of namespace torchloom_bench.
-#define TORCHLOOM_BENCH_MAIN(register_fn)                                                 \
-  int main(int argc, char** argv) {                                                      \
-    return ::torchloom_bench::run_main(argc, argv, ::torchloom_bench::register_fn);      \
+//! Defines main() for a benchmark program: run_main with `register_fn` of torchloom_bench.
+#define TORCHLOOM_BENCH_MAIN(register_fn)                                           \
+  int main(int argc, char** argv) {                                                 \
+    return ::torchloom_bench::run_main(argc, argv, ::torchloom_bench::register_fn); \
   }
-
