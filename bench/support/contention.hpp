@@ -11,6 +11,12 @@
 
 namespace torchloom_bench {
 
+// The victim and co-tenant both benchmarks measure: an MLP of 4 Linear(victim_width) layers at
+// batch 64 on `green_sms` SMs when partitioned, beside square bf16 GEMMs of gemm_size.
+constexpr std::int64_t victim_width = 2048;
+constexpr std::int64_t gemm_size = 8192;
+constexpr const char* green_sms = "16";
+
 //! The GPU's SM clock and power while a phase runs, sampled every 20 ms from NVML
 //! (libnvidia-ml.so.1, opened at run time; NVML index 0 is taken to be cuda:0, the only device
 //! the isolation benchmarks use). A saturating co-tenant can draw the board to its power limit,
