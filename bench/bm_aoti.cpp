@@ -125,7 +125,7 @@ void bm_paired(benchmark::State& state, std::int64_t device_arg, std::int64_t ba
 // end, so the count is of finished calls.
 template <bool Runner>
 void bm_aoti_threads(benchmark::State& state, std::int64_t batch) {
-  const c10::Device device("cuda:0");
+  const c10::Device device = gpu;
   if (skip_if(state, missing(device))) return;
   const c10::Stream stream =
       c10::impl::getDeviceGuardImpl(device.type())->getStreamFromGlobalPool(device);
@@ -193,10 +193,10 @@ void register_benchmarks() {
                 can ? paired_load_repetitions : 1);
   }
   // Made before the threads start: the benchmarks' threads share them.
-  const bool can_cuda = missing(c10::Device("cuda:0")).empty();
+  const bool can_cuda = missing(gpu).empty();
   if (can_cuda) {
-    (void)raw_package(c10::Device("cuda:0"));
-    (void)runner(c10::Device("cuda:0"));
+    (void)raw_package(gpu);
+    (void)runner(gpu);
   }
   for (const int threads : {1, 4, 8}) {
     for (const auto& [name, fn] : {std::pair{"BM_raw_aoti_threads", &bm_aoti_threads<false>},

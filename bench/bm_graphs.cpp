@@ -19,7 +19,6 @@
 namespace torchloom_bench {
 namespace {
 
-const c10::Device gpu(c10::kCUDA, 0);
 constexpr int warmup_calls = 5;  // more than graphed's eager runs before its capture
 
 enum class model_kind { mlp, resnet18 };

@@ -18,8 +18,6 @@
 #include "bench/support/contention.hpp"
 
 #if TORCHLOOM_HAS_CUDA
-#include <torchloom/cuda/event.hpp>
-
 #include <array>
 
 #include "bench/support/cuda.hpp"
@@ -32,7 +30,6 @@ namespace {
 
 #if TORCHLOOM_HAS_CUDA
 
-const c10::Device gpu(c10::kCUDA, 0);
 constexpr int victim_warmup_calls = 50;  // alone, before the alone samples
 constexpr int cotenant_queue_depth = 3;
 // A phase is 2000 calls, or less when its deadline comes first: under a plain-stream

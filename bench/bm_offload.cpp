@@ -42,7 +42,6 @@ namespace {
 constexpr int warmup = 3;
 constexpr int reps = 30;
 constexpr std::int64_t mib = std::int64_t{1} << 20;
-const c10::Device gpu(c10::kCUDA, 0);
 
 template <class Residency>
 using runner_type = torchloom::model_runner<torchloom::torchscript_loader, torchloom::no_hook,

@@ -14,9 +14,6 @@
 #include "bench/support/common.hpp"
 
 #if TORCHLOOM_HAS_CUDA
-#include <torchloom/cuda/event.hpp>
-#include <torchloom/cuda/owned_stream.hpp>
-
 #include "bench/support/cuda.hpp"
 #endif
 
@@ -27,7 +24,6 @@ namespace {
 
 #if TORCHLOOM_HAS_CUDA
 
-const c10::Device gpu(c10::kCUDA, 0);
 constexpr std::int64_t batch = 8;
 // Above the pool's 32 streams per priority, so every pool stream has run the model (and has
 // its allocator blocks) before anything is timed.

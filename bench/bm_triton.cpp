@@ -115,8 +115,8 @@ std::string io(int max_batch, const char* in, const char* in_dims, const char* o
          "\" data_type: " + out_type + " dims: [ " + out_dims + " ] } ]\n";
 }
 
-std::string instance(bool gpu, int count = 1) {
-  return std::string("instance_group [ { kind: ") + (gpu ? "KIND_GPU gpus: [ 0 ]" : "KIND_CPU") +
+std::string instance(bool on_gpu, int count = 1) {
+  return std::string("instance_group [ { kind: ") + (on_gpu ? "KIND_GPU gpus: [ 0 ]" : "KIND_CPU") +
          " count: " + std::to_string(count) + " } ]\n";
 }
 
@@ -127,8 +127,8 @@ std::string parameter(const std::string& key, const std::string& value) {
 }
 
 // The bundled MLP's config body: x FP32 [64] -> y FP32 [16], max_batch_size 64.
-std::string mlp_body(bool gpu, bool batched, const std::string& parameters = {}) {
-  return io(64, "x", "64", "y", "TYPE_FP32", "16") + instance(gpu) + (batched ? batching : "") +
+std::string mlp_body(bool on_gpu, bool batched, const std::string& parameters = {}) {
+  return io(64, "x", "64", "y", "TYPE_FP32", "16") + instance(on_gpu) + (batched ? batching : "") +
          parameters;
 }
 
@@ -276,11 +276,11 @@ per_device<direct_runner> direct_runners([](c10::Device d) {
 void bm_t13(benchmark::State& state, c10::Device device) {
   if (skip_if(state, device_unavailable(device))) return;
   auto& f = fixture();
-  const bool gpu = device.is_cuda();
-  const std::string tl = std::string("mlp_torchloom") + (gpu ? "_cuda" : "_cpu");
+  const bool on_gpu = device.is_cuda();
+  const std::string tl = std::string("mlp_torchloom") + (on_gpu ? "_cuda" : "_cpu");
   const std::string tl_batched = tl + "_batched";
   for (const auto& [name, batched] : {std::pair{tl, false}, std::pair{tl_batched, true}}) {
-    if (skip_if(state, f.ensure(name, "torchloom", mlp_body(gpu, batched), bundled_file()))) {
+    if (skip_if(state, f.ensure(name, "torchloom", mlp_body(on_gpu, batched), bundled_file()))) {
       return;
     }
   }
@@ -315,11 +315,11 @@ void bm_t15(benchmark::State& state, c10::Device device) {
   if (skip_if(state, device_unavailable(device))) return;
   auto& f = fixture();
   if (skip_if(state, f.peer ? "" : f.peer.why_missing)) return;
-  const bool gpu = device.is_cuda();
+  const bool on_gpu = device.is_cuda();
   // On the GPU, torchloom replays CUDA graphs on its run stream; both backends otherwise get
   // the same config.
-  const std::string stream = gpu ? parameter("TORCHLOOM_STREAM", "graphed_caller") : "";
-  const std::string suffix = gpu ? "_cuda" : "_cpu";
+  const std::string stream = on_gpu ? parameter("TORCHLOOM_STREAM", "graphed_caller") : "";
+  const std::string suffix = on_gpu ? "_cuda" : "_cpu";
   struct model {
     std::string label;
     std::string backend;
@@ -330,7 +330,7 @@ void bm_t15(benchmark::State& state, c10::Device device) {
                                      {"pytorch", "pytorch", false},
                                      {"pytorch_batched", "pytorch", true}};
   for (const auto& m : models) {
-    const std::string body = mlp_body(gpu, m.batched, m.backend == "torchloom" ? stream : "");
+    const std::string body = mlp_body(on_gpu, m.batched, m.backend == "torchloom" ? stream : "");
     if (skip_if(state, f.ensure("t15_" + m.label + suffix, m.backend, body, bundled_file()))) {
       return;
     }
@@ -391,7 +391,7 @@ def forward(self, x):
 }
 
 void bm_t16(benchmark::State& state, bool green) {
-  if (skip_if(state, device_unavailable(c10::Device(c10::kCUDA, 0)))) return;
+  if (skip_if(state, device_unavailable(gpu))) return;
   auto& f = fixture();
   const t16_files& files = t16_models();
   const std::string tag = green ? "green" : "plain";
@@ -443,7 +443,7 @@ void bm_t16(benchmark::State& state, bool green) {
 
 void register_benchmarks() {
   for (const auto& [label, device] :
-       {std::pair{"cpu", c10::Device(c10::kCPU)}, std::pair{"cuda", c10::Device(c10::kCUDA, 0)}}) {
+       {std::pair{"cpu", c10::Device(c10::kCPU)}, std::pair{"cuda", gpu}}) {
     for (const auto& [name, fn] : {std::pair{"BM_serving_t13/device:", &bm_t13},
                                    std::pair{"BM_serving_t15/device:", &bm_t15}}) {
       // One repetition where the device is missing: the skip is reported once.

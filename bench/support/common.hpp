@@ -84,10 +84,11 @@ void warm_up(int calls, Fn&& call) {
   for (int i = 0; i < calls; ++i) call();
 }
 
-//! Benchmark argument 0 is the CPU, any other cuda:0.
-inline c10::Device device_for(std::int64_t arg) {
-  return arg == 0 ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, 0);
-}
+//! The GPU every GPU benchmark runs on.
+inline const c10::Device gpu(c10::kCUDA, 0);
+
+//! Benchmark argument 0 is the CPU, any other the GPU.
+inline c10::Device device_for(std::int64_t arg) { return arg == 0 ? c10::Device(c10::kCPU) : gpu; }
 
 //! GPU time is part of a call on both sides alike: waits for the device after a call.
 inline void sync(c10::Device device) {

@@ -1,12 +1,16 @@
 #pragma once
-// CUDA helpers of the GPU benchmarks: an error check, cuda:0's streams, CUDA-event timing on a
-// stream (gated, for device time without the CPU's launch gaps), and
-// TORCHLOOM_BENCH_HAS_GREEN_CONTEXT where this build has green_context_stream.
+// CUDA helpers of the GPU benchmarks: torchloom's owned events and streams, an error check,
+// cuda:0's current stream, CUDA-event timing on a stream (gated, for device time without the
+// CPU's launch gaps), and TORCHLOOM_BENCH_HAS_GREEN_CONTEXT where this build has
+// green_context_stream.
 #include <torchloom/detail/config.hpp>
 
 #if !TORCHLOOM_HAS_CUDA
 #error "bench/support/cuda.hpp needs CUDA: include it under #if TORCHLOOM_HAS_CUDA"
 #endif
+
+#include <torchloom/cuda/event.hpp>
+#include <torchloom/cuda/owned_stream.hpp>
 
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
