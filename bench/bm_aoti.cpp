@@ -6,7 +6,7 @@
 // separately, and BM_paired_aoti, which decides T1 (BM_paired_aoti_boxed_*_only: diagnostics).
 // BM_*_aoti_load and BM_paired_aoti_load: T10. BM_*_aoti_threads: calls per second from 1, 4
 // and 8 threads on streams of their own. With a LibTorch older than 2.6 nothing is registered.
-#include "bench/support/common.hpp"
+#include "bench/support/models.hpp"
 
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>

@@ -8,7 +8,7 @@
 // resnet18_cuda (TORCHLOOM_GRAPH_FIXTURES). Before timing, the runner's outputs are checked
 // against the raw call's: the counter `bitwise` is 1 when they are equal bit for bit, and a
 // row whose outputs differ beyond rounding is skipped with an error.
-#include "bench/support/common.hpp"
+#include "bench/support/models.hpp"
 
 #if TORCHLOOM_HAS_CUDA
 #include <ATen/cuda/CUDAGraph.h>

@@ -23,7 +23,7 @@
 // Each forward is timed with CUDA events on the caller's stream (30 after 3 warm-up ones;
 // streamed at the large batch in blocks alternating with resident). Every variant's output is
 // compared bitwise with resident's first.
-#include "bench/support/common.hpp"
+#include "bench/support/models.hpp"
 #include "tests/support/temp_dir.hpp"
 
 #if TORCHLOOM_HAS_CUDA

@@ -11,7 +11,7 @@
 // how much: *_two_loads_only times the runner against a module loaded apart (as the user's own
 // load would be), *_raw_vs_raw_only the raw call on that module against the raw call on the
 // runner's, with no runner code on either side.
-#include "bench/support/common.hpp"
+#include "bench/support/models.hpp"
 
 namespace torchloom_bench {
 namespace {

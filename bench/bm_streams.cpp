@@ -11,7 +11,7 @@
 //  - GPU time: CUDA events on the caller's stream before and after run(), the stream held
 //    until run() has enqueued everything (event_timer::gated_us).
 // Each policy's output is checked bitwise against caller_stream's before it is timed.
-#include "bench/support/common.hpp"
+#include "bench/support/models.hpp"
 
 #if TORCHLOOM_HAS_CUDA
 #include "bench/support/cuda.hpp"

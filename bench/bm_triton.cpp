@@ -17,6 +17,7 @@
 
 #include "bench/support/clients.hpp"
 #include "bench/support/contention.hpp"
+#include "bench/support/models.hpp"
 #include "tests/support/linear_mlp.hpp"
 #include "tests/support/temp_dir.hpp"
 
