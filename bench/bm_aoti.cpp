@@ -3,14 +3,10 @@
 // writes by hand, `AOTIModelPackageLoader::run(inputs, stream)`, and the runner's construction
 // against the package loader's, on the MLP packages scripts/make_aoti_fixtures.py makes
 // (mlp_cpu, mlp_cuda). Same method as bm_overhead: BM_raw_aoti and BM_runner_aoti timed
-// separately, and BM_paired_aoti, which alternates raw and runner calls in one loop and
-// decides T1 (BM_paired_aoti_boxed_*_only: diagnostics). BM_*_aoti_load and
-// BM_paired_aoti_load: T10. BM_*_aoti_threads: calls per second from 1, 4 and 8 threads on
-// streams of their own.
-//
-// Without the packages every benchmark reports a skip that says how to make them; with a
-// LibTorch older than 2.6 nothing is registered.
-#include "bench/support/common.hpp"
+// separately, and BM_paired_aoti, which decides T1 (BM_paired_aoti_boxed_*_only: diagnostics).
+// BM_*_aoti_load and BM_paired_aoti_load: T10. BM_*_aoti_threads: calls per second from 1, 4
+// and 8 threads on streams of their own. With a LibTorch older than 2.6 nothing is registered.
+#include "bench/support/models.hpp"
 
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -19,15 +15,10 @@
 
 #if TORCHLOOM_TORCH_VERSION >= 20600
 
-#if TORCHLOOM_HAS_CUDA
-#include <c10/cuda/CUDAStream.h>
-#endif
-
 namespace torchloom_bench {
 namespace {
 
 using runner_type = torchloom::model_runner<torchloom::aoti_loader>;
-using package_loader = torch::inductor::AOTIModelPackageLoader;
 
 // Construction extracts the package, loads its library and its weights: tens of ms.
 constexpr benchmark::IterationCount load_iterations = 3;
@@ -35,57 +26,29 @@ constexpr int load_repetitions = 10;
 constexpr benchmark::IterationCount paired_load_iterations = 20;
 constexpr int paired_load_repetitions = 5;
 
-fs::path fixture_dir(c10::Device device) {
-  return env_or("TORCHLOOM_AOTI_FIXTURES", TORCHLOOM_AOTI_FIXTURE_DIR) /
-         (device.is_cuda() ? "mlp_cuda" : "mlp_cpu");
-}
+constexpr fixtures aoti_fixtures{"TORCHLOOM_AOTI_FIXTURES", TORCHLOOM_AOTI_FIXTURE_DIR};
 
-fs::path package_file(c10::Device device) { return fixture_dir(device) / "1" / "model.pt2"; }
+const char* package(c10::Device device) { return device.is_cuda() ? "mlp_cuda" : "mlp_cpu"; }
 
 // Why the benchmarks on `device` cannot run here (no device, no package), or "".
 std::string missing(c10::Device device) {
   if (auto why = no_device(device); !why.empty()) return why;
-  return no_file(package_file(device),
-                 "scripts/make_aoti_fixtures.py (or set TORCHLOOM_AOTI_FIXTURES)");
+  return aoti_fixtures.missing(package(device), "model.pt2", "scripts/make_aoti_fixtures.py");
 }
 
 // What a user writes by hand: the package on the runner's device, one call at a time.
 std::unique_ptr<package_loader> make_raw(c10::Device device) {
-  return torchloom::detail::make_package_loader<package_loader>(
-      "bm_aoti", package_file(device).string(), "model", 1, device);
+  return load_package(aoti_fixtures.dir(package(device)) / "1" / "model.pt2", device, "bm_aoti");
 }
 
 std::unique_ptr<runner_type> make_runner(c10::Device device) {
-  return std::make_unique<runner_type>(torchloom::model_spec::from_directory(fixture_dir(device)),
-                                       device);
+  return std::make_unique<runner_type>(
+      torchloom::model_spec::from_directory(aoti_fixtures.dir(package(device))), device);
 }
 
 // The process's loaded packages, one per device, kept for the whole run.
-per_device<package_loader> raw_packages;
-per_device<runner_type> runners;
-
-package_loader& raw_package(c10::Device device) { return raw_packages.get(device, make_raw); }
-
-runner_type& runner(c10::Device device) { return runners.get(device, make_runner); }
-
-// One hand-written call, as the runner makes it: InferenceMode per call, the caller's current
-// stream passed explicitly.
-std::vector<at::Tensor> raw_call(package_loader& p, const std::vector<at::Tensor>& inputs,
-                                 c10::Device device) {
-  c10::InferenceMode inference;
-  void* stream = nullptr;
-#if TORCHLOOM_HAS_CUDA
-  if (device.is_cuda()) stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
-#else
-  (void)device;  // without CUDA headers: AOTI takes the current stream itself
-#endif
-  return p.run(inputs, stream);
-}
-
-// The MLP packages' input is the bundled model's: float32 [batch, 64].
-std::vector<at::Tensor> make_tensors(c10::Device device, std::int64_t batch) {
-  return {bundled_input(device, batch)};
-}
+per_device<package_loader> raw_package(make_raw);
+per_device<runner_type> runner(make_runner);
 
 // Only time the runner when it computes what the hand-written call computes.
 bool same_outputs(benchmark::State& state, c10::Device device,
@@ -93,11 +56,9 @@ bool same_outputs(benchmark::State& state, c10::Device device,
   const auto expected = raw_call(raw_package(device), tensors, device);
   const auto got = runner(device).run(std::vector<c10::IValue>(tensors.begin(), tensors.end()));
   sync(device);
-  if (got.size() != expected.size() || !torch::equal(got.front(), expected.front())) {
-    state.SkipWithError("runner output differs from the raw AOTI output");
-    return false;
-  }
-  return true;
+  if (got.size() == expected.size() && torch::equal(got.front(), expected.front())) return true;
+  state.SkipWithError("runner output differs from the raw AOTI output");
+  return false;
 }
 
 void bm_separate(benchmark::State& state, std::int64_t device_arg, std::int64_t batch,
@@ -106,14 +67,14 @@ void bm_separate(benchmark::State& state, std::int64_t device_arg, std::int64_t 
   if (skip_if(state, missing(device))) return;
   if (!is_runner) {
     package_loader& p = raw_package(device);
-    const auto tensors = make_tensors(device, batch);
+    const std::vector<at::Tensor> tensors{bundled_input(device, batch)};
     time_separately(
         state, [&] { call_synced(device, [&] { return raw_call(p, tensors, device); }); },
         [] { return true; });
     return;
   }
   runner_type& r = runner(device);
-  const auto tensors = make_tensors(device, batch);
+  const std::vector<at::Tensor> tensors{bundled_input(device, batch)};
   time_separately(
       state, [&] { call_synced(device, [&] { return r.run_tensors(tensors); }); },
       [&] { return same_outputs(state, device, tensors); });
@@ -131,7 +92,7 @@ void bm_paired(benchmark::State& state, std::int64_t device_arg, std::int64_t ba
   // The raw calls go to the runner's own loaded package, so both sides run the same code
   // and constants (two loads of one package differ in where they land).
   package_loader& p = *r.model().package;
-  const auto tensors = make_tensors(device, batch);
+  const std::vector<at::Tensor> tensors{bundled_input(device, batch)};
   const std::vector<c10::IValue> inputs(tensors.begin(), tensors.end());
   const torchloom::aoti_loader loader;
   auto& model = const_cast<torchloom::aoti_model&>(r.model());
@@ -164,19 +125,17 @@ void bm_paired(benchmark::State& state, std::int64_t device_arg, std::int64_t ba
 // end, so the count is of finished calls.
 template <bool Runner>
 void bm_aoti_threads(benchmark::State& state, std::int64_t batch) {
-  const c10::Device device("cuda:0");
+  const c10::Device device = gpu;
   if (skip_if(state, missing(device))) return;
   const c10::Stream stream =
       c10::impl::getDeviceGuardImpl(device.type())->getStreamFromGlobalPool(device);
   const c10::StreamGuard on(stream);
-  const auto tensors = make_tensors(device, batch);
+  const std::vector<at::Tensor> tensors{bundled_input(device, batch)};
   const auto call = [&] {
     if constexpr (Runner) {
-      auto out = runner(device).run_tensors(tensors);
-      benchmark::DoNotOptimize(out);
+      benchmark::DoNotOptimize(runner(device).run_tensors(tensors));
     } else {
-      auto out = raw_call(raw_package(device), tensors, device);
-      benchmark::DoNotOptimize(out);
+      benchmark::DoNotOptimize(raw_call(raw_package(device), tensors, device));
     }
   };
   warm_up(t1_warmup_calls, call);
@@ -201,8 +160,8 @@ void bm_aoti_load(benchmark::State& state, std::int64_t device_arg) {
   }
 }
 
-// T10, paired: a raw load and a runner's load alternate (which goes first swaps), each timed,
-// so both share the machine's drift (loads take milliseconds and vary run to run).
+// T10, paired: a raw load and a runner's load alternate, so both share the machine's drift
+// (loads take milliseconds and vary run to run).
 void bm_paired_aoti_load(benchmark::State& state, std::int64_t device_arg) {
   const c10::Device device = device_for(device_arg);
   if (skip_if(state, missing(device))) return;
@@ -210,7 +169,7 @@ void bm_paired_aoti_load(benchmark::State& state, std::int64_t device_arg) {
   const auto runner_once = [&] { benchmark::DoNotOptimize(make_runner(device).get()); };
   raw_once();
   runner_once();
-  time_and_count_paired(state, raw_once, runner_once);
+  time_paired(state, raw_once, runner_once);
 }
 
 void register_benchmarks() {
@@ -230,15 +189,14 @@ void register_benchmarks() {
     }
     auto* b = benchmark::RegisterBenchmark(("BM_paired_aoti_load" + device).c_str(),
                                            bm_paired_aoti_load, device_arg);
-    with_spread(
-        b->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(paired_load_iterations),
-        can ? paired_load_repetitions : 1);
+    with_spread(b->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(paired_load_iterations),
+                can ? paired_load_repetitions : 1);
   }
   // Made before the threads start: the benchmarks' threads share them.
-  const bool can_cuda = missing(c10::Device("cuda:0")).empty();
+  const bool can_cuda = missing(gpu).empty();
   if (can_cuda) {
-    (void)raw_package(c10::Device("cuda:0"));
-    (void)runner(c10::Device("cuda:0"));
+    (void)raw_package(gpu);
+    (void)runner(gpu);
   }
   for (const int threads : {1, 4, 8}) {
     for (const auto& [name, fn] : {std::pair{"BM_raw_aoti_threads", &bm_aoti_threads<false>},

@@ -1,28 +1,24 @@
 // T12 (PERF.md): a graphed<caller_stream> runner against the raw LibTorch call, on the
 // bundled MLP and a torchvision ResNet-18 with random weights (224x224), at batch 1, 8 and
-// 64, TorchScript and AOTInductor. Paired as in bm_overhead and bm_aoti: raw and runner calls
-// alternate in one loop (which goes first swaps every iteration), each timed on its own and
-// each followed by a device synchronisation, so both sides pay for their GPU time.
+// 64, TorchScript and AOTInductor. Paired as in bm_overhead and bm_aoti (time_paired), each
+// call followed by a device synchronisation, so both sides pay for their GPU time.
 //
 // Models: the bundled tiny_mlp (TorchScript), scripts/make_aoti_fixtures.py's mlp_cuda
 // (AOTInductor; TORCHLOOM_AOTI_FIXTURES), and scripts/make_graph_fixtures.py's resnet18_ts and
-// resnet18_cuda (TORCHLOOM_GRAPH_FIXTURES). A missing model or device is a skip that says
-// so. Before timing, the runner's outputs are checked against the raw call's: the counter
-// `bitwise` is 1 when they are equal bit for bit, and a row whose outputs differ beyond
-// rounding is skipped with an error.
-#include "bench/support/common.hpp"
+// resnet18_cuda (TORCHLOOM_GRAPH_FIXTURES). Before timing, the runner's outputs are checked
+// against the raw call's: the counter `bitwise` is 1 when they are equal bit for bit, and a
+// row whose outputs differ beyond rounding is skipped with an error.
+#include "bench/support/models.hpp"
 
 #if TORCHLOOM_HAS_CUDA
 #include <ATen/cuda/CUDAGraph.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime_api.h>
+
+#include "bench/support/cuda.hpp"
 #endif
 
 namespace torchloom_bench {
 namespace {
 
-const c10::Device gpu(c10::kCUDA, 0);
 constexpr int warmup_calls = 5;  // more than graphed's eager runs before its capture
 
 enum class model_kind { mlp, resnet18 };
@@ -30,17 +26,28 @@ enum class loader_kind { torchscript, aoti };
 
 // The model's Triton-layout directory.
 fs::path model_dir(model_kind m, loader_kind l) {
-  const fs::path aoti = env_or("TORCHLOOM_AOTI_FIXTURES", TORCHLOOM_AOTI_FIXTURE_DIR);
-  const fs::path graphs = env_or("TORCHLOOM_GRAPH_FIXTURES", TORCHLOOM_GRAPH_FIXTURE_DIR);
-  if (m == model_kind::mlp) {
-    return l == loader_kind::torchscript ? fs::path(TORCHLOOM_BUNDLED_MODEL_DIR)
-                                         : aoti / "mlp_cuda";
+  const bool ts = l == loader_kind::torchscript;
+  if (m == model_kind::resnet18) {
+    return fixtures{"TORCHLOOM_GRAPH_FIXTURES", TORCHLOOM_GRAPH_FIXTURE_DIR}.dir(
+        ts ? "resnet18_ts" : "resnet18_cuda");
   }
-  return graphs / (l == loader_kind::torchscript ? "resnet18_ts" : "resnet18_cuda");
+  return ts ? fs::path(TORCHLOOM_BUNDLED_MODEL_DIR)
+            : fixtures{"TORCHLOOM_AOTI_FIXTURES", TORCHLOOM_AOTI_FIXTURE_DIR}.dir("mlp_cuda");
 }
 
 fs::path model_file(model_kind m, loader_kind l) {
   return model_dir(m, l) / "1" / (l == loader_kind::torchscript ? "model.pt" : "model.pt2");
+}
+
+std::string missing(model_kind m, loader_kind l) {
+  if (!torch::cuda::is_available()) return "no CUDA device";
+#if TORCHLOOM_TORCH_VERSION < 20600
+  if (l == loader_kind::aoti) return "AOTInductor needs LibTorch >= 2.6";
+#endif
+  return no_model(model_file(m, l),
+                  m == model_kind::resnet18
+                      ? "scripts/make_graph_fixtures.py DIR and set TORCHLOOM_GRAPH_FIXTURES"
+                      : "scripts/make_aoti_fixtures.py DIR and set TORCHLOOM_AOTI_FIXTURES");
 }
 
 at::Tensor make_input(model_kind m, std::int64_t batch) {
@@ -61,87 +68,42 @@ using graphed_stream = torchloom::graphed<torchloom::caller_stream>;
 using ts_runner =
     torchloom::model_runner<torchloom::torchscript_loader, torchloom::no_hook, graphed_stream>;
 
-// One row's two sides: each returns the call's output tensor.
+// One row's two sides, each returning the call's output tensor, and the runner's graph
+// statistics; the functions own what they call into.
 struct sides {
   std::function<at::Tensor()> raw;
   std::function<at::Tensor()> runner;
   std::function<torchloom::graph_stats()> stats;
-  std::shared_ptr<void> keep;  // what the two sides call into
 };
 
-// The sides over `s` (the raw model, the runner and the inputs): raw(*s), runner(*s) and the
-// runner's graph statistics.
-template <class State, class Raw, class Runner>
-sides make_sides(std::shared_ptr<State> s, Raw raw, Runner runner) {
-  return {[s, raw] { return raw(*s); }, [s, runner] { return runner(*s); },
-          [s] { return s->runner->stream().stats(); }, s};
-}
-
 sides torchscript_sides(model_kind m, const at::Tensor& x) {
-  struct state {
-    torch::jit::Module raw;
-    std::unique_ptr<ts_runner> runner;
-    std::vector<c10::IValue> inputs;
-  };
-  auto s = std::make_shared<state>();
-  // What a user writes by hand: load on the device, eval mode, InferenceMode per call.
-  s->raw = torch::jit::load(model_file(m, loader_kind::torchscript).string(), gpu);
-  s->raw.eval();
-  s->runner = std::make_unique<ts_runner>(
+  const auto raw = std::make_shared<torch::jit::Module>(
+      load_module(model_file(m, loader_kind::torchscript), gpu));
+  const auto runner = std::make_shared<ts_runner>(
       torchloom::model_spec::from_directory(model_dir(m, loader_kind::torchscript)), gpu);
-  s->inputs = {x};
-  return make_sides(
-      s,
-      [](state& st) {
-        c10::InferenceMode inference;
-        return st.raw.forward(st.inputs).toTensor();
-      },
-      [](state& st) { return st.runner->run(st.inputs).front(); });
+  const auto inputs = std::make_shared<const std::vector<c10::IValue>>(1, x);
+  return {[raw, inputs] { return raw_call(*raw, *inputs).toTensor(); },
+          [runner, inputs] { return runner->run(*inputs).front(); },
+          [runner] { return runner->stream().stats(); }};
 }
 
 #if TORCHLOOM_TORCH_VERSION >= 20600
 using aoti_runner =
     torchloom::model_runner<torchloom::aoti_loader, torchloom::no_hook, graphed_stream>;
 
+// The raw side loads the package as a user does (torch's threaded runner; the graphed runner
+// loads it single-threaded for capture) and calls it on the current stream.
 sides aoti_sides(model_kind m, const at::Tensor& x) {
-  struct state {
-    std::unique_ptr<torch::inductor::AOTIModelPackageLoader> raw;
-    std::unique_ptr<aoti_runner> runner;
-    std::vector<at::Tensor> inputs;
-  };
-  auto s = std::make_shared<state>();
-  // What a user writes by hand: the package loaded as usual (torch's threaded runner; the
-  // graphed runner loads it single-threaded for capture), called on the current stream.
-  s->raw = torchloom::detail::make_package_loader<torch::inductor::AOTIModelPackageLoader>(
-      "bm_graphs", model_file(m, loader_kind::aoti).string(), "model", 1, gpu);
-  s->runner = std::make_unique<aoti_runner>(
+  const std::shared_ptr<package_loader> raw =
+      load_package(model_file(m, loader_kind::aoti), gpu, "bm_graphs");
+  const auto runner = std::make_shared<aoti_runner>(
       torchloom::model_spec::from_directory(model_dir(m, loader_kind::aoti)), gpu);
-  s->inputs = {x};
-  return make_sides(
-      s,
-      [](state& st) {
-        c10::InferenceMode inference;
-        void* stream = nullptr;
-#if TORCHLOOM_HAS_CUDA
-        stream = c10::cuda::getCurrentCUDAStream(0).stream();
-#endif
-        return st.raw->run(st.inputs, stream).front();
-      },
-      [](state& st) { return st.runner->run_tensors(st.inputs).front(); });
+  const auto inputs = std::make_shared<const std::vector<at::Tensor>>(1, x);
+  return {[raw, inputs] { return raw_call(*raw, *inputs, gpu).front(); },
+          [runner, inputs] { return runner->run_tensors(*inputs).front(); },
+          [runner] { return runner->stream().stats(); }};
 }
 #endif
-
-std::string missing(model_kind m, loader_kind l) {
-  if (!torch::cuda::is_available()) return "no CUDA device";
-#if TORCHLOOM_TORCH_VERSION < 20600
-  if (l == loader_kind::aoti) return "AOTInductor needs LibTorch >= 2.6";
-#endif
-  return no_file(model_file(m, l),
-                 m == model_kind::resnet18
-                     ? "scripts/make_graph_fixtures.py DIR and set TORCHLOOM_GRAPH_FIXTURES"
-                     : "scripts/make_aoti_fixtures.py DIR and set TORCHLOOM_AOTI_FIXTURES",
-                 "model");
-}
 
 void bm_paired_graphs(benchmark::State& state, model_kind m, loader_kind l, std::int64_t batch) {
   if (skip_if(state, missing(m, l))) return;
@@ -166,33 +128,30 @@ void bm_paired_graphs(benchmark::State& state, model_kind m, loader_kind l, std:
     state.SkipWithError("the graphed runner's output differs from the raw call's");
     return;
   }
-  const auto raw_once = [&] {
-    benchmark::DoNotOptimize(s.raw());
-    sync();
-  };
-  const auto runner_once = [&] {
-    benchmark::DoNotOptimize(s.runner());
-    sync();
-  };
-  paired_samples samples = time_paired(state, raw_once, runner_once);
-  const paired_medians medians = set_paired_counters(state, samples);
+  const paired_medians medians = time_paired(
+      state,
+      [&] {
+        benchmark::DoNotOptimize(s.raw());
+        sync();
+      },
+      [&] {
+        benchmark::DoNotOptimize(s.runner());
+        sync();
+      });
   const torchloom::graph_stats stats = s.stats();
-  using counter = benchmark::Counter;
-  state.counters["speedup"] =
-      counter(medians.runner_us > 0.0 ? medians.raw_us / medians.runner_us : 0.0);
-  state.counters["bitwise"] = counter(bitwise ? 1.0 : 0.0);
-  // 1 when the timed runner calls were replays (the graph was captured, not refused).
-  state.counters["replayed"] =
-      counter(stats.captures >= 1 && stats.uncapturable == 0 ? 1.0 : 0.0);
+  set_counters(state,
+               {{"speedup", medians.runner_us > 0.0 ? medians.raw_us / medians.runner_us : 0.0},
+                {"bitwise", bitwise ? 1.0 : 0.0},
+                // 1 when the timed runner calls were replays (captured, not refused).
+                {"replayed", stats.captures >= 1 && stats.uncapturable == 0 ? 1.0 : 0.0}});
 }
 
 #if TORCHLOOM_HAS_CUDA
 // For reference, not a target: the least a replay of the bundled MLP costs here, written with
-// torch's CUDAGraph by hand (copy the input in, replay, clone the output, synchronise), as
-// torch's own Python replay does it. The graphed runner adds its checks and bookkeeping.
-// The bundled MLP captured by hand with torch's CUDAGraph, as torch's own Python replay does
-// it: an input of `batch` rows and its static copy, three eager runs, one capture on a side
-// stream, a static output. InferenceMode holds from after the load while it lives.
+// torch's CUDAGraph by hand as torch's own Python replay does it (copy the input in, replay,
+// clone the output, synchronise); the graphed runner adds its checks and bookkeeping. An input
+// of `batch` rows and its static copy, three eager runs, one capture on a side stream, a static
+// output. InferenceMode holds from after the load while it lives.
 struct hand_captured_mlp {
   torch::jit::Module m;
   c10::InferenceMode inference;
@@ -206,9 +165,7 @@ struct hand_captured_mlp {
 #endif
 
   explicit hand_captured_mlp(std::int64_t batch)
-      : m(torch::jit::load(model_file(model_kind::mlp, loader_kind::torchscript).string(), gpu)),
-        x(make_input(model_kind::mlp, batch)) {
-    m.eval();
+      : m(load_module(bundled_file(), gpu)), x(make_input(model_kind::mlp, batch)) {
     static_x = x.clone();
     for (int i = 0; i < 3; ++i) benchmark::DoNotOptimize(m.forward({static_x}));
     sync();
@@ -222,6 +179,14 @@ struct hand_captured_mlp {
 #endif
   }
 };
+
+// A node of `graph` that copies `src` into `dst` (device to device), after `dep` if given.
+bool add_copy(cudaGraphNode_t* node, cudaGraph_t graph, const cudaGraphNode_t* dep,
+              const at::Tensor& dst, const at::Tensor& src) {
+  return cudaGraphAddMemcpyNode1D(node, graph, dep, dep != nullptr ? 1 : 0, dst.data_ptr(),
+                                  src.data_ptr(), src.nbytes(),
+                                  cudaMemcpyDeviceToDevice) == cudaSuccess;
+}
 
 void bm_graphs_floor(benchmark::State& state, std::int64_t batch) {
   if (skip_if(state, missing(model_kind::mlp, loader_kind::torchscript))) return;
@@ -246,9 +211,7 @@ void bm_graphs_floor(benchmark::State& state, std::int64_t batch) {
 void bm_graphs_floor_fused(benchmark::State& state, std::int64_t batch) {
   if (skip_if(state, missing(model_kind::mlp, loader_kind::torchscript))) return;
   hand_captured_mlp h(batch);
-  torch::jit::Module raw =
-      torch::jit::load(model_file(model_kind::mlp, loader_kind::torchscript).string(), gpu);
-  raw.eval();
+  torch::jit::Module raw = load_module(bundled_file(), gpu);
   const std::vector<c10::IValue> raw_inputs{h.x};
   const at::Tensor out = h.static_out.clone();
   cudaGraph_t graph = nullptr;
@@ -256,21 +219,16 @@ void bm_graphs_floor_fused(benchmark::State& state, std::int64_t batch) {
   cudaGraphNode_t in_node = nullptr;
   cudaGraphNode_t body = nullptr;
   cudaGraphNode_t out_node = nullptr;
-  const bool ok =
-      cudaGraphCreate(&graph, 0) == cudaSuccess &&
-      cudaGraphAddMemcpyNode1D(&in_node, graph, nullptr, 0, h.static_x.data_ptr(),
-                               h.x.data_ptr(), h.x.nbytes(),
-                               cudaMemcpyDeviceToDevice) == cudaSuccess &&
-      cudaGraphAddChildGraphNode(&body, graph, &in_node, 1, h.graph.raw_cuda_graph()) ==
-          cudaSuccess &&
-      cudaGraphAddMemcpyNode1D(&out_node, graph, &body, 1, out.data_ptr(),
-                               h.static_out.data_ptr(), out.nbytes(),
-                               cudaMemcpyDeviceToDevice) == cudaSuccess &&
-      cudaGraphInstantiateWithFlags(&exec, graph, 0) == cudaSuccess;
+  const bool ok = cudaGraphCreate(&graph, 0) == cudaSuccess &&
+                  add_copy(&in_node, graph, nullptr, h.static_x, h.x) &&
+                  cudaGraphAddChildGraphNode(&body, graph, &in_node, 1, h.graph.raw_cuda_graph()) ==
+                      cudaSuccess &&
+                  add_copy(&out_node, graph, &body, out, h.static_out) &&
+                  cudaGraphInstantiateWithFlags(&exec, graph, 0) == cudaSuccess;
   if (!ok) {
     state.SkipWithError("CUDA refused the hand-made graph");
   } else {
-    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(0).stream();
+    const cudaStream_t stream = current_stream();
     bool launched = true;
     const auto raw_once = [&] {
       benchmark::DoNotOptimize(raw.forward(raw_inputs).toTensor());
@@ -284,10 +242,8 @@ void bm_graphs_floor_fused(benchmark::State& state, std::int64_t batch) {
       raw_once();
       floor_once();
     }
-    paired_samples samples = time_paired(state, raw_once, floor_once);
-    const paired_medians medians = set_paired_counters(state, samples);
-    state.counters["ceiling"] = benchmark::Counter(
-        medians.runner_us > 0.0 ? medians.raw_us / medians.runner_us : 0.0);
+    const paired_medians medians = time_paired(state, raw_once, floor_once);
+    state.counters["ceiling"] = medians.runner_us > 0.0 ? medians.raw_us / medians.runner_us : 0.0;
     if (!launched) state.SkipWithError("cudaGraphLaunch failed");
   }
   if (exec != nullptr) (void)cudaGraphExecDestroy(exec);
@@ -295,13 +251,11 @@ void bm_graphs_floor_fused(benchmark::State& state, std::int64_t batch) {
 }
 #endif
 
-// For reference, not a target: where a replay's host time goes, the bundled MLP at batch 1.
-// Each counter is the mean host time of one call, in microseconds, over batches of 100
-// calls with the device synchronised between batches (not timed): the pieces a replay is
-// made of (allocating an output, a 1D device copy, an event record and wait, launching the
-// captured graph, pointing a memcpy node of an instantiated graph at other tensors), and
-// whole calls (the graphed runner's run, the raw TorchScript call), which leave their GPU
-// work queued.
+// For reference, not a target: where a replay's host time goes, the bundled MLP at batch 1:
+// the pieces a replay is made of (allocating an output, a 1D device copy, an event record and
+// wait, launching the captured graph, pointing a memcpy node of an instantiated graph at other
+// tensors), and whole calls (the graphed runner's run, the raw TorchScript call), which leave
+// their GPU work queued.
 void bm_graphs_host_parts(benchmark::State& state) {
   if (skip_if(state, missing(model_kind::mlp, loader_kind::torchscript))) return;
   const at::Tensor x = make_input(model_kind::mlp, 1);
@@ -312,7 +266,7 @@ void bm_graphs_host_parts(benchmark::State& state) {
   const at::Tensor& static_out = h.static_out;
   graph.replay();
   sync();
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(0).stream();
+  const cudaStream_t stream = current_stream();
   const at::Tensor other = static_out.clone();
   cudaEvent_t event = nullptr;
   cudaGraph_t copy_graph = nullptr;
@@ -320,9 +274,7 @@ void bm_graphs_host_parts(benchmark::State& state) {
   cudaGraphNode_t copy_node = nullptr;
   bool ok = cudaEventCreateWithFlags(&event, cudaEventDisableTiming) == cudaSuccess &&
             cudaGraphCreate(&copy_graph, 0) == cudaSuccess &&
-            cudaGraphAddMemcpyNode1D(&copy_node, copy_graph, nullptr, 0, other.data_ptr(),
-                                     static_out.data_ptr(), static_out.nbytes(),
-                                     cudaMemcpyDeviceToDevice) == cudaSuccess &&
+            add_copy(&copy_node, copy_graph, nullptr, other, static_out) &&
             cudaGraphInstantiateWithFlags(&copy_exec, copy_graph, 0) == cudaSuccess;
   const auto options = static_out.options();
   const std::vector<std::int64_t> shape(static_out.sizes().begin(), static_out.sizes().end());
@@ -341,9 +293,9 @@ void bm_graphs_host_parts(benchmark::State& state) {
       {"graph_launch_us", [&] { graph.replay(); }},
       {"memcpy_node_set_us",
        [&] {
-         ok = ok && cudaGraphExecMemcpyNodeSetParams1D(
-                        copy_exec, copy_node, other.data_ptr(), static_out.data_ptr(),
-                        static_out.nbytes(), cudaMemcpyDeviceToDevice) == cudaSuccess;
+         ok = ok && cudaGraphExecMemcpyNodeSetParams1D(copy_exec, copy_node, other.data_ptr(),
+                                                       static_out.data_ptr(), static_out.nbytes(),
+                                                       cudaMemcpyDeviceToDevice) == cudaSuccess;
        }},
       {"runner_run_us", [&] { benchmark::DoNotOptimize(s.runner()); }},
       {"raw_call_us", [&] { benchmark::DoNotOptimize(s.raw()); }},
@@ -361,16 +313,16 @@ void register_benchmarks() {
 #if TORCHLOOM_HAS_CUDA
   register_once("BM_graphs_host_parts/model:mlp/batch:1", 20, bm_graphs_host_parts);
   for (const std::int64_t batch : {1, 8}) {
-    register_once("BM_graphs_floor/model:mlp/batch:" + std::to_string(batch), 3000,
-                  bm_graphs_floor, batch);
+    register_once("BM_graphs_floor/model:mlp/batch:" + std::to_string(batch), 3000, bm_graphs_floor,
+                  batch);
   }
 #if TORCHLOOM_TORCH_VERSION >= 20800
   register_once("BM_graphs_floor_fused/model:mlp/batch:1", 3000, bm_graphs_floor_fused,
                 std::int64_t{1});
 #endif
 #endif
-  for (const auto& [mname, m] : {std::pair{"mlp", model_kind::mlp},
-                                 std::pair{"resnet18", model_kind::resnet18}}) {
+  for (const auto& [mname, m] :
+       {std::pair{"mlp", model_kind::mlp}, std::pair{"resnet18", model_kind::resnet18}}) {
     for (const auto& [lname, l] : {std::pair{"torchscript", loader_kind::torchscript},
                                    std::pair{"aoti", loader_kind::aoti}}) {
       for (const std::int64_t batch : {1, 8, 64}) {

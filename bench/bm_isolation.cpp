@@ -1,19 +1,14 @@
 // T3 (PERF.md): a latency-sensitive victim's p99 under a saturating co-tenant in the same
 // process, with and without green contexts.
 //
-// Victim: a TorchScript MLP of 4 fp32 linear layers of 2048 (ReLU between), built here with
-// Module::define, batch 64 on cuda:0: tens of µs on a whole H100, a few hundred on 16 SMs.
-// Each call is run() then a sync of the victim's stream, timed with steady_clock.
-// Co-tenant: a thread in the same process issuing bf16 8192x8192 GEMMs back to back, with a
-// bounded queue (it waits for the GEMM issued `cotenant_queue_depth` earlier before issuing the
-// next, so the device never drains and the queue never grows).
-//
-// Scenarios, one self-contained benchmark each (random interleaving may run them in any
-// order): every contended scenario first measures its own victim alone, then starts its
-// co-tenant, measures again and stops it; ratio_vs_alone is contended p99 / alone p99 of the
-// same victim runner in the same benchmark.
-//   BM_alone_plain             victim with caller_stream on a pool stream, no co-tenant
-//   BM_alone_green             victim with green_context_stream (16 SMs), no co-tenant
+// Victim: a TorchScript MLP of 4 fp32 linear layers of 2048 (ReLU between), batch 64 on cuda:0:
+// tens of µs on a whole H100, a few hundred on 16 SMs. Each call is run() then a sync of the
+// victim's stream, timed with steady_clock. Co-tenant: a thread in the same process issuing
+// bf16 8192x8192 GEMMs back to back, at most `cotenant_queue_depth` ahead of the device (so the
+// device never drains and the queue never grows). Each scenario measures its own victim alone,
+// then beside its co-tenant (measure_contention), so that any order of runs is fair:
+//   BM_alone_plain / BM_alone_green  caller_stream on a pool stream / green_context_stream
+//                              (16 SMs), no co-tenant
 //   BM_cotenant_plain_streams  victim caller_stream; co-tenant torch::matmul on its own pool
 //                              stream: the control (PERF.md: no isolation)
 //   BM_cotenant_green_contexts victim green_context_stream (16 SMs); co-tenant through a
@@ -23,10 +18,7 @@
 #include "bench/support/contention.hpp"
 
 #if TORCHLOOM_HAS_CUDA
-
 #include <array>
-
-#include <torchloom/cuda/event.hpp>
 
 #include "bench/support/cuda.hpp"
 #include "tests/support/linear_mlp.hpp"
@@ -38,9 +30,6 @@ namespace {
 
 #if TORCHLOOM_HAS_CUDA
 
-constexpr std::int64_t victim_width = 2048;
-constexpr std::int64_t gemm_size = 8192;  // the co-tenant's square bf16 GEMM
-constexpr const char* green_sm_count = "16";
 constexpr int victim_warmup_calls = 50;  // alone, before the alone samples
 constexpr int cotenant_queue_depth = 3;
 // A phase is 2000 calls, or less when its deadline comes first: under a plain-stream
@@ -59,10 +48,7 @@ constexpr contention phases{.calls = 2000,
 template <class S>
 using runner_type = torchloom::model_runner<torchloom::torchscript_loader, torchloom::no_hook, S>;
 
-cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream(0).stream(); }
-
-// The process's models, inputs and streams, built on first use and kept for the whole run;
-// the model files' directory goes with it.
+// The process's model files (and their directory), inputs and streams.
 struct process_state {
   torchloom_test::temp_dir dir{"torchloom_bm_isolation"};
   std::vector<c10::IValue> victim_inputs;
@@ -78,12 +64,12 @@ process_state* setup(std::string& error) {
   return the_process.get(error, [](std::optional<process_state>& slot) {
     process_state& s = slot.emplace();
     torch::manual_seed(0);
-    const auto victim = torchloom_test::linear_mlp("isolation_victim", victim_width);
-    victim.save((s.dir / "victim.pt").string());
+    torchloom_test::linear_mlp("isolation_victim", victim_width)
+        .save((s.dir / "victim.pt").string());
     torch::jit::Module gemm("isolation_gemm");
     gemm.define("def forward(self, a, b):\n    return torch.matmul(a, b)\n");
     gemm.save((s.dir / "gemm.pt").string());
-    const auto on_device = torch::TensorOptions().device(torch::kCUDA, 0);
+    const auto on_device = torch::TensorOptions().device(gpu);
     torch::manual_seed(42);
     s.victim_inputs = {torch::rand({64, victim_width}, on_device)};
     const auto bf16 = on_device.dtype(torch::kBFloat16);
@@ -95,8 +81,8 @@ process_state* setup(std::string& error) {
   });
 }
 
-// The runner of the victim or the GEMM model with stream policy S, built (and warmed up) on
-// first use; nullptr with `error` set when it cannot be built (green contexts unsupported).
+// The runner of the victim or the GEMM model with stream policy S (on 16 SMs when `green`),
+// built and warmed up on first use; nullptr with `error` set when it cannot be built.
 template <class S, bool Victim>
 runner_type<S>* runner(bool green, std::string& error) {
   static built_once<runner_type<S>> slot;
@@ -104,8 +90,8 @@ runner_type<S>* runner(bool green, std::string& error) {
   if (p == nullptr) return nullptr;
   return slot.get(error, [p, green](std::optional<runner_type<S>>& r) {
     auto spec = torchloom::model_spec::from_file(p->dir / (Victim ? "victim.pt" : "gemm.pt"));
-    if (green) spec.set("GREEN_CONTEXT_SM_COUNT", green_sm_count);
-    r.emplace(std::move(spec), c10::Device(c10::kCUDA, 0));
+    if (green) spec.set("GREEN_CONTEXT_SM_COUNT", green_sms);
+    r.emplace(std::move(spec), gpu);
     const auto& inputs = Victim ? p->victim_inputs : p->gemm_inputs;
     for (int i = 0; i < (Victim ? victim_warmup_calls : 3); ++i) r->run(inputs);
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
@@ -113,8 +99,8 @@ runner_type<S>* runner(bool green, std::string& error) {
 }
 
 #ifdef TORCHLOOM_BENCH_HAS_GREEN_CONTEXT
-// SMs a green policy really gets with GREEN_CONTEXT_SM_COUNT = 16 (a throw-away instance:
-// the runner does not expose its stream policy); -1 when it cannot be built.
+// SMs a green policy really gets for green_sms (a throw-away instance: the runner does not
+// expose its stream policy); -1 when it cannot be built.
 template <class P>
 int green_sm_count_of() {
   static const int n = [] {
@@ -122,9 +108,8 @@ int green_sm_count_of() {
       std::string error;
       const fs::path dir = setup(error)->dir.path();
       torchloom::runner_options options;
-      options.green_context_sm_count = 16;
-      P policy(torchloom::model_context{"isolation_probe", dir, c10::Device(c10::kCUDA, 0),
-                                        options, dir});
+      options.green_context_sm_count = std::atoi(green_sms);
+      P policy(torchloom::model_context{"isolation_probe", dir, gpu, options, dir});
       return static_cast<int>(policy.sm_count());
     } catch (const std::exception&) {
       return -1;
@@ -162,7 +147,7 @@ enum class cotenant_kind { none, plain, green };
 
 template <class VictimPolicy>
 void bm_isolation(benchmark::State& state, cotenant_kind kind) {
-  if (skip_if(state, no_device(c10::Device(c10::kCUDA, 0)))) return;
+  if (skip_if(state, no_device(gpu))) return;
   constexpr bool green_victim = !std::is_same_v<VictimPolicy, torchloom::caller_stream>;
   std::string error;
   process_state* p = setup(error);
@@ -175,8 +160,8 @@ void bm_isolation(benchmark::State& state, cotenant_kind kind) {
   std::function<void()> launch;
   if (kind == cotenant_kind::plain) {
     launch = [p] {
-      at::Tensor out = torch::matmul(p->gemm_inputs[0].toTensor(), p->gemm_inputs[1].toTensor());
-      benchmark::DoNotOptimize(out);
+      benchmark::DoNotOptimize(
+          torch::matmul(p->gemm_inputs[0].toTensor(), p->gemm_inputs[1].toTensor()));
     };
     c.cotenant_sms = device_sm_count();
   } else if (kind == cotenant_kind::green) {
@@ -184,13 +169,10 @@ void bm_isolation(benchmark::State& state, cotenant_kind kind) {
     using complement = torchloom::green_context_complement_stream;
     auto* gemm = runner<complement, false>(true, error);
     if (skip_if(state, gemm == nullptr ? "co-tenant runner: " + error : "")) return;
-    launch = [p, gemm] {
-      std::vector<at::Tensor> out = gemm->run(p->gemm_inputs);
-      benchmark::DoNotOptimize(out);
-    };
+    launch = [p, gemm] { benchmark::DoNotOptimize(gemm->run(p->gemm_inputs)); };
     c.cotenant_sms = green_sm_count_of<complement>();
 #else
-    state.SkipWithError("torchloom/stream/green_context.hpp is not in this build");
+    state.SkipWithError(no_green_context);
     return;
 #endif
   }
@@ -204,15 +186,12 @@ void bm_isolation(benchmark::State& state, cotenant_kind kind) {
     measure_contention(
         state, c,
         [&] {
-          {
-            std::vector<at::Tensor> out = victim->run(p->victim_inputs);
-            benchmark::DoNotOptimize(out);
-          }
+          benchmark::DoNotOptimize(victim->run(p->victim_inputs));
           check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize");
         },
         [&](int calls) {
           for (int i = 0; i < calls; ++i) victim->run(p->victim_inputs);
-          check_cuda(cudaStreamSynchronize(current_stream()), "cudaStreamSynchronize");
+          sync_current_stream();
         },
         kind == cotenant_kind::none
             ? std::function<std::unique_ptr<cotenant_threads>()>()
@@ -220,36 +199,26 @@ void bm_isolation(benchmark::State& state, cotenant_kind kind) {
   });
 }
 
-template <class Fn>
-void register_one(const char* name, Fn fn, cotenant_kind kind) {
-  benchmark::RegisterBenchmark(name, fn, kind)
-      ->Unit(benchmark::kMicrosecond)
-      ->UseManualTime()
-      ->Iterations(1)
-      ->Repetitions(1);
-}
-
 void register_benchmarks() {
   using enum cotenant_kind;
 #ifdef TORCHLOOM_BENCH_HAS_GREEN_CONTEXT
   const auto green_victim = bm_isolation<torchloom::green_context_stream>;
 #else
-  const auto green_victim = +[](benchmark::State& state, cotenant_kind) {
-    state.SkipWithError("torchloom/stream/green_context.hpp is not in this build");
-  };
+  const auto green_victim = skip_with(no_green_context);
 #endif
-  register_one("BM_alone_plain", bm_isolation<torchloom::caller_stream>, none);
-  register_one("BM_cotenant_plain_streams", bm_isolation<torchloom::caller_stream>, plain);
-  register_one("BM_alone_green", green_victim, none);
-  register_one("BM_cotenant_green_contexts", green_victim, green);
-  register_one("BM_cotenant_green_victim_only", green_victim, plain);
+  const auto plain_victim = bm_isolation<torchloom::caller_stream>;
+  register_manual("BM_alone_plain", benchmark::kMicrosecond, plain_victim, none);
+  register_manual("BM_cotenant_plain_streams", benchmark::kMicrosecond, plain_victim, plain);
+  register_manual("BM_alone_green", benchmark::kMicrosecond, green_victim, none);
+  register_manual("BM_cotenant_green_contexts", benchmark::kMicrosecond, green_victim, green);
+  register_manual("BM_cotenant_green_victim_only", benchmark::kMicrosecond, green_victim, plain);
 }
 
 #else  // !TORCHLOOM_HAS_CUDA
 
-void bm_isolation(benchmark::State& state) { state.SkipWithError("built without CUDA"); }
-
-void register_benchmarks() { benchmark::RegisterBenchmark("BM_isolation", bm_isolation); }
+void register_benchmarks() {
+  benchmark::RegisterBenchmark("BM_isolation", skip_with("built without CUDA"));
+}
 
 #endif
 

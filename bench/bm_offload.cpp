@@ -8,30 +8,22 @@
 //    product re-reads every weight over the bus), and a naive loop that copies each layer's
 //    weight from pageable memory with a synchronous .to() before its product (batch 16 only);
 //  - BM_offload/model:small_tensors: 16 layers that each concatenate 64 tensors of 64 x 4096
-//    bf16 (32 MiB a layer, 512 MiB in all) and apply the result, budget 128 MiB (T8: small
-//    weights must still move near the ceiling);
+//    bf16 (32 MiB a layer), budget 128 MiB (T8: small weights must still move near the ceiling);
 //  - BM_offload_shared/runners:8: eight shared_weights runners of the large model (T9);
-//  - .../variant:streamed/share:{all,half} (T11): streamed_weights with a resident share of
-//    the budget, a runner of its own: a budget of all the weights (nothing copied per run;
-//    timed alternately with resident), and of half of them (held to transfer_ms, its
-//    streamed bytes at the pinned limit);
+//  - .../share:{all,half} (T11): streamed_weights with a resident share, a runner of its own: a
+//    budget of all the weights (nothing copied per run; timed alternately with resident), and of
+//    half of them (held to transfer_ms, its streamed bytes at the pinned limit);
 //  - BM_offload/model:large_aoti: the large model as an AOTInductor package exported for
-//    streaming (scripts/make_offload_fixture.py; TORCHLOOM_OFFLOAD_FIXTURES overrides where it
-//    is): resident and streamed at batch 16 and 16384, and the two shares;
-//  - BM_offload/model:llama_aoti/batch:1/variant:streamed (T14): a Llama-architecture decoder
-//    (Llama-2-7B's layer shapes, 6 layers, bf16, 2.75 GiB; scripts/make_transformer_fixtures.py,
-//    set llm), prefill of 128 tokens at batch 1, streamed (budget 512 MiB) with all but
-//    1.25 GiB of the device taken first, so that its weights exceed the free memory
-//    (exceeds_free, free_bytes); small_bitwise_equal: its 1-layer twin, streamed against
-//    resident. accelerate's row comes from scripts/offload_peer.py --model llama.
+//    streaming (scripts/make_offload_fixture.py): resident and streamed, and the two shares;
+//  - BM_offload/model:llama_aoti (T14): a Llama-architecture decoder (Llama-2-7B's layer shapes,
+//    6 layers, bf16, 2.75 GiB; scripts/make_transformer_fixtures.py, set llm), prefill of 128
+//    tokens at batch 1, streamed (budget 512 MiB) with all but 1.25 GiB of the device taken
+//    first, so that its weights exceed the free memory; small_bitwise_equal: its 1-layer twin,
+//    streamed against resident. accelerate's row comes from scripts/offload_peer.py.
 // Each forward is timed with CUDA events on the caller's stream (30 after 3 warm-up ones;
-// streamed at the large batch in blocks alternating with resident: resident_ms_paired). The
-// median is the manual time; the counters are the median, p99, GB/s (weight bytes read per
-// forward, or for streamed rows the bytes copied per forward, over the median), % of the
-// ceiling and the budget checks. Every variant's output is compared bitwise with resident's
-// first. A row that cannot run (no package, LibTorch < 2.6) reports why. Without CUDA only
-// BM_offload_limit is registered, reporting an error.
-#include "bench/support/common.hpp"
+// streamed at the large batch in blocks alternating with resident). Every variant's output is
+// compared bitwise with resident's first.
+#include "bench/support/models.hpp"
 #include "tests/support/temp_dir.hpp"
 
 #if TORCHLOOM_HAS_CUDA
@@ -50,65 +42,40 @@ namespace {
 constexpr int warmup = 3;
 constexpr int reps = 30;
 constexpr std::int64_t mib = std::int64_t{1} << 20;
-const c10::Device gpu(c10::kCUDA, 0);
 
 template <class Residency>
 using runner_type = torchloom::model_runner<torchloom::torchscript_loader, torchloom::no_hook,
                                             torchloom::caller_stream, Residency>;
 
 // One runner of either loader, seen through what the benchmarks call: its first output on one
-// input, and its memory (a virtual call: nothing beside a forward of milliseconds).
-class any_runner {
- public:
-  virtual ~any_runner() = default;
-  virtual at::Tensor run(const at::Tensor& x) = 0;
-  virtual torchloom::weight_memory memory() const = 0;
-};
-
-template <class Runner>
-class runner_of final : public any_runner {
- public:
-  explicit runner_of(const torchloom::model_spec& spec) : runner_(spec, gpu) {}
-  at::Tensor run(const at::Tensor& x) override { return runner_.run({x})[0]; }
-  torchloom::weight_memory memory() const override { return runner_.memory(); }
-
- private:
-  Runner runner_;
+// input, and its memory (an indirect call: nothing beside a forward of milliseconds).
+struct any_runner {
+  std::function<at::Tensor(const at::Tensor&)> run;
+  std::function<torchloom::weight_memory()> memory;
 };
 
 template <class Runner>
 std::unique_ptr<any_runner> make_runner(const torchloom::model_spec& spec) {
-  return std::make_unique<runner_of<Runner>>(spec);
+  auto r = std::make_shared<Runner>(spec, gpu);
+  return std::make_unique<any_runner>(
+      any_runner{[r](const at::Tensor& x) { return r->run({x})[0]; }, [r] { return r->memory(); }});
 }
 
 // Median (nearest rank: the lower middle of an even count) and p99 of samples in ms.
 struct timing {
   double median_ms = 0;
   double p99_ms = 0;
-  explicit timing(std::vector<double> ms) {
-    std::sort(ms.begin(), ms.end());
-    median_ms = nearest_rank(ms, 0.5);
-    p99_ms = nearest_rank(ms, 0.99);
-  }
+  explicit timing(const std::vector<double>& ms)
+      : median_ms(percentile(ms, 0.5)), p99_ms(percentile(ms, 0.99)) {}
 };
 
-// Times single calls with CUDA events on the current stream (cuda:0's) at its construction:
-// once(f) is the milliseconds of device time from before `f`'s work to after it.
-class stream_timer {
- public:
-  double once(const std::function<void()>& f) { return events_.time_ms(stream_, f); }
-
- private:
-  cudaStream_t stream_ = c10::cuda::getCurrentCUDAStream(0).stream();
-  event_timer events_;
-};
-
-// Times `forward`: `warmup` untimed calls, then `reps`.
+// Times `forward` with CUDA events on the current stream: `warmup` untimed calls, then `reps`.
 timing time_forward(const std::function<void()>& forward) {
-  stream_timer timer;
+  event_timer events;
+  const cudaStream_t s = current_stream();
   std::vector<double> ms;
   for (int i = 0; i < warmup + reps; ++i) {
-    const double t = timer.once(forward);
+    const double t = events.time_ms(s, forward);
     if (i >= warmup) ms.push_back(t);
   }
   return timing(ms);
@@ -120,20 +87,21 @@ timing time_forward(const std::function<void()>& forward) {
 std::pair<timing, timing> time_in_blocks(const std::function<void()>& a,
                                          const std::function<void()>& b) {
   constexpr int block = 6;
-  stream_timer timer;
+  event_timer events;
+  const cudaStream_t s = current_stream();
   std::vector<double> ta;
   std::vector<double> tb;
   for (int i = 0; i < warmup; ++i) {
-    timer.once(a);
-    timer.once(b);
+    events.time_ms(s, a);
+    events.time_ms(s, b);
   }
   while (static_cast<int>(ta.size()) < reps) {
     for (int i = 0; i < block; ++i) {
-      const double t = timer.once(a);
+      const double t = events.time_ms(s, a);
       if (i > 0) ta.push_back(t);
     }
     for (int i = 0; i < block; ++i) {
-      const double t = timer.once(b);
+      const double t = events.time_ms(s, b);
       if (i > 0) tb.push_back(t);
     }
   }
@@ -155,7 +123,6 @@ struct offload_model {
   fs::path dir;
   std::int64_t width = 0;
   std::int64_t weight_bytes = 0;
-  std::int64_t budget_mb = 0;
   std::vector<std::vector<at::Tensor>> layers;  // host (pageable) weights per layer
   std::unique_ptr<any_runner> resident;
   std::unique_ptr<any_runner> streamed;
@@ -173,7 +140,6 @@ std::unique_ptr<offload_model> make_model(const fs::path& root, const std::strin
   auto m = std::make_unique<offload_model>();
   m->dir = root / name;
   m->width = width;
-  m->budget_mb = budget_mb;
   const auto on_gpu = torch::TensorOptions().device(gpu).dtype(torch::kBFloat16);
   torch::jit::Module top("offload_" + name);
   std::string code = "def forward(self, x):\n";
@@ -212,14 +178,14 @@ template <class Residency>
 using package_runner = torchloom::model_runner<torchloom::aoti_loader, torchloom::no_hook,
                                                torchloom::caller_stream, Residency>;
 
-// A package of scripts/make_offload_fixture.py or make_transformer_fixtures.py (`how`); throws
-// without it.
-fs::path package_dir(const std::string& name, const std::string& how) {
-  const auto dir = env_or("TORCHLOOM_OFFLOAD_FIXTURES", TORCHLOOM_OFFLOAD_FIXTURE_DIR) / name;
-  const std::string why = no_file(dir / "1" / "model.pt2",
-                                  how + " (or set TORCHLOOM_OFFLOAD_FIXTURES)");
-  if (!why.empty()) throw std::runtime_error(why);
-  return dir;
+// A package of scripts/make_offload_fixture.py or make_transformer_fixtures.py (`script`);
+// throws without it.
+fs::path package_dir(const std::string& name, const std::string& script) {
+  constexpr fixtures offload{"TORCHLOOM_OFFLOAD_FIXTURES", TORCHLOOM_OFFLOAD_FIXTURE_DIR};
+  if (auto why = offload.missing(name, "model.pt2", script); !why.empty()) {
+    throw std::runtime_error(why);
+  }
+  return offload.dir(name);
 }
 #endif
 
@@ -230,11 +196,10 @@ std::unique_ptr<offload_model> load_large_package() {
   auto m = std::make_unique<offload_model>();
   m->dir = package_dir("large_aoti", "scripts/make_offload_fixture.py");
   m->width = 8192;
-  m->budget_mb = 512;
   m->make_streamed = make_runner<package_runner<torchloom::streamed_weights>>;
   m->resident = make_runner<package_runner<torchloom::resident_weights>>(spec_of(m->dir));
   m->weight_bytes = m->resident->memory().device_bytes;
-  m->streamed = m->make_streamed(spec_of(m->dir, m->budget_mb));
+  m->streamed = m->make_streamed(spec_of(m->dir, 512));
   return m;
 #else
   throw std::runtime_error("the package rows need LibTorch >= 2.6 (aoti_loader)");
@@ -250,10 +215,8 @@ struct fixture {
   std::unique_ptr<offload_model> package;  // large_aoti, on first use
 
   static fixture& get() {
-    static std::unique_ptr<fixture> f;
-    if (!f) {
-      f = std::make_unique<fixture>();
-      at_teardown().push_back([] { f.reset(); });
+    return kept<fixture>([] {
+      auto f = std::make_unique<fixture>();
       f->limit_gbps = [] {
         const auto bytes = torch::TensorOptions().dtype(torch::kUInt8);
         auto host = torch::empty({1024 * mib}, bytes.pinned_memory(true));
@@ -264,8 +227,8 @@ struct fixture {
       }();
       f->large = make_model(f->dir.path(), "large", 16, 1, 8192, 512);
       f->small = make_model(f->dir.path(), "small_tensors", 16, 64, 4096, 128);
-    }
-    return *f;
+      return f;
+    });
   }
 };
 
@@ -274,8 +237,9 @@ at::Tensor input(const offload_model& m, std::int64_t batch) {
   return torch::randn({batch, m.width}, torch::TensorOptions().device(gpu).dtype(torch::kBFloat16));
 }
 
-// The counters of a timed row. `moved`: the bytes a forward moves to the device (its weights,
-// or what streamed_weights copies of them).
+// The counters of a timed row: the median (also the manual time), p99, GB/s (`moved`, the
+// bytes a forward moves to the device: its weights, or what streamed_weights copies of them,
+// over the median), % of the ceiling, and whether the output was bitwise resident's.
 void report(benchmark::State& state, const timing& t, std::int64_t weight_bytes, double limit,
             bool equal, std::int64_t moved) {
   state.SetIterationTime(t.median_ms * 1e-3);
@@ -305,8 +269,7 @@ enum class share { none, all, half };
 
 // One row: the model at `batch` under `v` (and, with a share, T11's runner, built here; it
 // goes at the end, with its device memory).
-void bm_offload(benchmark::State& state, model_kind which, std::int64_t batch, variant v,
-                share s) {
+void bm_offload(benchmark::State& state, model_kind which, std::int64_t batch, variant v, share s) {
   guarded(state, [&] {
     auto& f = fixture::get();
     if (which == model_kind::large_package && !f.package) f.package = load_large_package();
@@ -481,8 +444,6 @@ void bm_offload_llm(benchmark::State& state) {
     streamed_counters(state, streamed->memory());
   });
 #else
-  for (auto _ : state) {
-  }
   state.SkipWithError("the package rows need LibTorch >= 2.6 (aoti_loader)");
 #endif
 }
@@ -528,11 +489,8 @@ void register_all() {
 #else
 
 void register_all() {
-  benchmark::RegisterBenchmark("BM_offload_limit", [](benchmark::State& state) {
-    for (auto _ : state) {
-    }
-    state.SkipWithError("bm_offload needs CUDA (TORCHLOOM_HAS_CUDA)");
-  });
+  benchmark::RegisterBenchmark("BM_offload_limit",
+                               skip_with("bm_offload needs CUDA (TORCHLOOM_HAS_CUDA)"));
 }
 
 #endif

@@ -4,16 +4,14 @@
 // Every repetition of BM_<policy> measures the policy's runner and a caller_stream runner of
 // the same model side by side, alternating blocks of calls, so both see the same drift and the
 // delta is taken within one repetition. Per call it measures:
-//  - CPU time: the host time of run() alone (steady_clock around the call; the output is
-//    destroyed inside the timed region, since freeing a tensor that crossed streams is part of
-//    a fenced policy's cost). No device sync inside the timed region; the caller's stream is
-//    synchronised every `block_calls` calls, outside it.
-//  - GPU time: CUDA events recorded on the caller's stream before and after run(). A host
-//    function launched first holds the stream until run() has enqueued everything, so the
-//    events measure the device's work and the cross-stream hops, not the CPU's launch gaps (a
-//    tiny model's kernels are otherwise spaced by the CPU launching them).
+//  - CPU time: the host time of run() alone (the output is destroyed inside the timed region,
+//    since freeing a tensor that crossed streams is part of a fenced policy's cost). No device
+//    sync inside the timed region; the caller's stream is synchronised every `block_calls`
+//    calls, outside it.
+//  - GPU time: CUDA events on the caller's stream before and after run(), the stream held
+//    until run() has enqueued everything (event_timer::gated_us).
 // Each policy's output is checked bitwise against caller_stream's before it is timed.
-#include "bench/support/common.hpp"
+#include "bench/support/models.hpp"
 
 #if TORCHLOOM_HAS_CUDA
 #include "bench/support/cuda.hpp"
@@ -35,28 +33,9 @@ constexpr int block_calls = 64;              // CPU samples per block; sync betw
 constexpr int cpu_blocks = 8;                // per side and repetition: 512 CPU samples
 constexpr int gpu_samples = 64;              // per side and repetition
 constexpr int repetitions = 30;
-constexpr const char* green_sm_count = "64";  // about half an H100
 
 template <class S>
 using runner_type = torchloom::model_runner<torchloom::torchscript_loader, torchloom::no_hook, S>;
-
-// Policies that need GREEN_CONTEXT_SM_COUNT on the spec.
-template <class S>
-constexpr bool needs_sm_count = false;
-#ifdef TORCHLOOM_BENCH_HAS_GREEN_CONTEXT
-template <>
-constexpr bool needs_sm_count<torchloom::green_context_stream> = true;
-#endif
-
-void sync_current_stream() {
-  check_cuda(cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream(0).stream()),
-             "cudaStreamSynchronize");
-}
-
-// Random inputs on cuda:0 (never zeros: PERF.md), the same for both sides.
-std::vector<c10::IValue> make_inputs() {
-  return {bundled_input(c10::Device(c10::kCUDA, 0), batch)};
-}
 
 // The runner for policy S, built on first use and kept (a load and the executor's profiling
 // runs are not what T2 measures); nullptr (and `error` set) when it cannot be built.
@@ -64,10 +43,15 @@ template <class S>
 runner_type<S>* runner(std::string& error) {
   static built_once<runner_type<S>> slot;
   return slot.get(error, [](std::optional<runner_type<S>>& r) {
-    auto spec = torchloom::model_spec::from_directory(TORCHLOOM_BUNDLED_MODEL_DIR);
-    if constexpr (needs_sm_count<S>) spec.set("GREEN_CONTEXT_SM_COUNT", green_sm_count);
-    r.emplace(std::move(spec), c10::Device(c10::kCUDA, 0));
-    const std::vector<c10::IValue> inputs = make_inputs();
+    auto spec = bundled_spec();
+#ifdef TORCHLOOM_BENCH_HAS_GREEN_CONTEXT
+    // About half an H100.
+    if constexpr (std::is_same_v<S, torchloom::green_context_stream>) {
+      spec.set("GREEN_CONTEXT_SM_COUNT", "64");
+    }
+#endif
+    r.emplace(std::move(spec), gpu);
+    const std::vector<c10::IValue> inputs{bundled_input(gpu, batch)};
     for (int i = 0; i < process_warmup_calls; ++i) r->run(inputs);
     sync_current_stream();
   });
@@ -79,61 +63,17 @@ c10::cuda::CUDAStream side_stream() {
   return s;
 }
 
+// One call, its output destroyed.
+template <class R>
+void run_once(R& r, const std::vector<c10::IValue>& inputs) {
+  benchmark::DoNotOptimize(r.run(inputs));
+}
+
 // `block_calls` calls, each timed on the host alone; then the stream is drained, untimed.
 template <class R>
 void time_cpu_block(R& r, const std::vector<c10::IValue>& inputs, std::vector<double>& us) {
-  for (int i = 0; i < block_calls; ++i) {
-    us.push_back(time_call_us([&] {
-      std::vector<at::Tensor> out = r.run(inputs);
-      benchmark::DoNotOptimize(out);
-    }));
-  }
+  for (int i = 0; i < block_calls; ++i) us.push_back(time_call_us([&] { run_once(r, inputs); }));
   sync_current_stream();
-}
-
-// Holds a stream until opened from the host: a host function that spins on a flag. Bounded,
-// so a run() that waited for the device (which it must not) shows as an error, not a hang.
-struct stream_gate {
-  std::atomic<bool> open{false};
-  std::atomic<bool> timed_out{false};
-
-  static void hold(void* self) {
-    auto* g = static_cast<stream_gate*>(self);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-    while (!g->open.load(std::memory_order_acquire)) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        g->timed_out.store(true);
-        return;
-      }
-    }
-  }
-};
-
-// Device time of one run() between events on the caller's stream, in microseconds.
-template <class R>
-double time_gpu_call(R& r, const std::vector<c10::IValue>& inputs, event_timer& ev) {
-  const cudaStream_t s = c10::cuda::getCurrentCUDAStream(0).stream();
-  stream_gate gate;
-  check_cuda(cudaLaunchHostFunc(s, &stream_gate::hold, &gate), "cudaLaunchHostFunc");
-  try {
-    ev.start(s);
-    {
-      std::vector<at::Tensor> out = r.run(inputs);
-      benchmark::DoNotOptimize(out);
-    }
-    ev.stop(s);
-  } catch (...) {
-    // The host function reads `gate`: let it return before `gate` goes out of scope.
-    gate.open.store(true, std::memory_order_release);
-    cudaStreamSynchronize(s);
-    throw;
-  }
-  gate.open.store(true, std::memory_order_release);
-  const double ms = ev.elapsed_ms();
-  if (gate.timed_out.load()) {
-    throw std::runtime_error("run() waited for the device while its stream was held");
-  }
-  return ms * 1000.0;
 }
 
 struct samples {
@@ -145,7 +85,7 @@ struct samples {
 // (for adaptive_stream, which then stays on it). For S = caller_stream there is only one side.
 template <class S>
 void bm_policy(benchmark::State& state, bool caller_on_side_stream) {
-  if (skip_if(state, no_device(c10::Device(c10::kCUDA, 0)))) return;
+  if (skip_if(state, no_device(gpu))) return;
   constexpr bool paired = !std::is_same_v<S, torchloom::caller_stream>;
   std::string error;
   auto* base = runner<torchloom::caller_stream>(error);
@@ -154,8 +94,8 @@ void bm_policy(benchmark::State& state, bool caller_on_side_stream) {
   if (skip_if(state, policy == nullptr ? "policy runner: " + error : "")) return;
   std::optional<c10::cuda::CUDAStreamGuard> guard;
   if (caller_on_side_stream) guard.emplace(side_stream());
-  try {
-    const std::vector<c10::IValue> inputs = make_inputs();
+  guarded(state, [&] {
+    const std::vector<c10::IValue> inputs{bundled_input(gpu, batch)};
     if constexpr (paired) {
       // Only time the policy when it computes what caller_stream computes, bit for bit.
       const at::Tensor expected = base->run(inputs).at(0).cpu();
@@ -171,6 +111,11 @@ void bm_policy(benchmark::State& state, bool caller_on_side_stream) {
     }
     sync_current_stream();
     event_timer events;
+    const auto time_gpu_call = [&](auto& r) {
+      return events.gated_us(
+          current_stream(), [&] { run_once(r, inputs); },
+          "run() waited for the device while its stream was held");
+    };
     samples b;
     samples p;
     for (auto _ : state) {
@@ -185,61 +130,57 @@ void bm_policy(benchmark::State& state, bool caller_on_side_stream) {
         }
       }
       for (int i = 0; i < gpu_samples; ++i) {
-        b.gpu_us.push_back(time_gpu_call(*base, inputs, events));
-        if constexpr (paired) p.gpu_us.push_back(time_gpu_call(*policy, inputs, events));
+        b.gpu_us.push_back(time_gpu_call(*base));
+        if constexpr (paired) p.gpu_us.push_back(time_gpu_call(*policy));
       }
-      const samples& shown = paired ? p : b;
-      state.SetIterationTime(median(shown.cpu_us) * 1e-6);
+      state.SetIterationTime(median(paired ? p.cpu_us : b.cpu_us) * 1e-6);
     }
     const samples& shown = paired ? p : b;
-    state.counters["cpu_us_median"] = median(shown.cpu_us);
-    state.counters["cpu_us_p99"] = p99(shown.cpu_us);
-    state.counters["gpu_us_median"] = median(shown.gpu_us);
-    state.counters["gpu_us_p99"] = p99(shown.gpu_us);
+    set_counters(state, {{"cpu_us_median", median(shown.cpu_us)},
+                         {"cpu_us_p99", p99(shown.cpu_us)},
+                         {"gpu_us_median", median(shown.gpu_us)},
+                         {"gpu_us_p99", p99(shown.gpu_us)}});
     if constexpr (paired) {
-      state.counters["caller_cpu_us_median"] = median(b.cpu_us);
-      state.counters["caller_gpu_us_median"] = median(b.gpu_us);
-      state.counters["cpu_us_delta"] = median(p.cpu_us) - median(b.cpu_us);
-      state.counters["gpu_us_delta"] = median(p.gpu_us) - median(b.gpu_us);
+      set_counters(state, {{"caller_cpu_us_median", median(b.cpu_us)},
+                           {"caller_gpu_us_median", median(b.gpu_us)},
+                           {"cpu_us_delta", median(p.cpu_us) - median(b.cpu_us)},
+                           {"gpu_us_delta", median(p.gpu_us) - median(b.gpu_us)}});
     }
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-  }
+  });
 }
 
-// For reference, not a target: where a fenced run's extra host time goes (T2's CPU delta).
-// Each counter is the mean host time of one operation, in microseconds, over batches of 100
-// with the device synchronised between batches (not timed): the pieces run_fenced adds to a
-// caller_stream run (recording an event, making a stream wait for one, recording a caller's
-// tensor on its own stream, switching the current stream and back), the allocator's cost of
-// an output made on the pool stream when it is recorded on the caller's stream before it is
-// freed (an event recorded at the free, queried by later allocations) against one that is
-// not, and whole runs of the caller_stream and pool_stream runners, outputs freed.
+// For reference, not a target: where a fenced run's extra host time goes (T2's CPU delta), per
+// operation: the pieces run_fenced adds to a caller_stream run (recording an event, making a
+// stream wait for one, recording a caller's tensor on its own stream, switching the current
+// stream and back), the allocator's cost of an output made on the pool stream when it is
+// recorded on the caller's stream before it is freed (an event recorded at the free, queried
+// by later allocations) against one that is not, and whole runs of the caller_stream and
+// pool_stream runners, outputs freed.
 void bm_fence_host_parts(benchmark::State& state) {
-  if (skip_if(state, no_device(c10::Device(c10::kCUDA, 0)))) return;
+  if (skip_if(state, no_device(gpu))) return;
   std::string error;
   auto* caller_runner = runner<torchloom::caller_stream>(error);
   auto* pool_runner = caller_runner != nullptr ? runner<torchloom::pool_stream>(error) : nullptr;
   if (skip_if(state, pool_runner == nullptr ? error : "")) return;
   guarded(state, [&] {
-    const c10::Device device(c10::kCUDA, 0);
-    const auto* impl = c10::impl::getDeviceGuardImpl(device.type());
+    const auto* impl = c10::impl::getDeviceGuardImpl(gpu.type());
     const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(0);
     const c10::cuda::CUDAStream work = c10::cuda::getStreamFromPool(false, 0);
-    const std::vector<c10::IValue> inputs = make_inputs();
-    const at::Tensor mine = torch::empty({batch, 16}, torch::TensorOptions().device(device));
+    const std::vector<c10::IValue> inputs{bundled_input(gpu, batch)};
+    const at::Tensor mine = torch::empty({batch, 16}, torch::TensorOptions().device(gpu));
     const auto options = mine.options();
-    cudaEvent_t ev = nullptr;
-    check_cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+    const torchloom::cuda::event ev("bm_fence_host_parts");
     const auto made_on_work = [&] {
       const c10::cuda::CUDAStreamGuard on_work(work);
       return at::empty({batch, 16}, options);
     };
     const std::vector<host_part> parts = {
         {"event_record_us",
-         [&] { check_cuda(cudaEventRecord(ev, caller.stream()), "cudaEventRecord"); }},
+         [&] { check_cuda(cudaEventRecord(ev.get(), caller.stream()), "cudaEventRecord"); }},
         {"stream_wait_us",
-         [&] { check_cuda(cudaStreamWaitEvent(work.stream(), ev, 0), "cudaStreamWaitEvent"); }},
+         [&] {
+           check_cuda(cudaStreamWaitEvent(work.stream(), ev.get(), 0), "cudaStreamWaitEvent");
+         }},
         {"record_own_stream_us",
          [&] { impl->recordDataPtrOnStream(mine.storage().data_ptr(), caller.unwrap()); }},
         {"stream_switch_us", [&] { const c10::StreamGuard on_work(work.unwrap()); }},
@@ -249,50 +190,42 @@ void bm_fence_host_parts(benchmark::State& state) {
            const at::Tensor out = made_on_work();
            impl->recordDataPtrOnStream(out.storage().data_ptr(), caller.unwrap());
          }},
-        {"caller_run_us",
-         [&] {
-           std::vector<at::Tensor> out = caller_runner->run(inputs);
-           benchmark::DoNotOptimize(out);
-         }},
-        {"pool_run_us",
-         [&] {
-           std::vector<at::Tensor> out = pool_runner->run(inputs);
-           benchmark::DoNotOptimize(out);
-         }},
+        {"caller_run_us", [&] { run_once(*caller_runner, inputs); }},
+        {"pool_run_us", [&] { run_once(*pool_runner, inputs); }},
     };
     time_host_parts(state, parts, [&] {
       sync_current_stream();
       check_cuda(cudaStreamSynchronize(work.stream()), "cudaStreamSynchronize");
     });
     torch::cuda::synchronize(0);
-    (void)cudaEventDestroy(ev);
   });
 }
 
 // For reference, not a target: the GPU cost of a fenced hop, stream by stream, without
 // torchloom. A caller stream and 16 work streams, created in a row; for each work stream, the
 // device time between events on the caller's stream of three small kernels run on the work
-// stream behind an event wait both ways (as run_fenced does), gated as in time_gpu_call,
+// stream behind an event wait both ways (as run_fenced does), gated as a policy's GPU time is,
 // less the same kernels run on the caller's stream. Counters: base_us, hop_<k>_us (the median
 // extra per work stream) and slow_streams (those over 1 µs). Which streams are slow is fixed
 // for the life of the process and depends on the hardware queue each stream was given
 // (CUDA_DEVICE_MAX_CONNECTIONS), so a policy's GPU delta depends on the stream it got.
 void bm_stream_hops(benchmark::State& state) {
-  if (skip_if(state, no_device(c10::Device(c10::kCUDA, 0)))) return;
+  if (skip_if(state, no_device(gpu))) return;
   constexpr int work_streams = 16;
   constexpr int hop_samples = 100;
-  cudaStream_t caller = nullptr;
-  std::vector<cudaStream_t> work(work_streams, nullptr);
-  cudaEvent_t before = nullptr;
-  cudaEvent_t after = nullptr;
   guarded(state, [&] {
-    check_cuda(cudaStreamCreateWithFlags(&caller, cudaStreamNonBlocking), "cudaStreamCreate");
-    for (auto& w : work) {
-      check_cuda(cudaStreamCreateWithFlags(&w, cudaStreamNonBlocking), "cudaStreamCreate");
-    }
-    check_cuda(cudaEventCreateWithFlags(&before, cudaEventDisableTiming), "cudaEventCreate");
-    check_cuda(cudaEventCreateWithFlags(&after, cudaEventDisableTiming), "cudaEventCreate");
-    const at::Tensor x = torch::zeros({64}, torch::TensorOptions().device(c10::kCUDA, 0));
+    const auto new_stream = [] {
+      cudaStream_t s = nullptr;
+      check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+      return torchloom::cuda::owned_stream(s);
+    };
+    const torchloom::cuda::owned_stream caller_stream = new_stream();
+    const cudaStream_t caller = caller_stream.get();
+    std::vector<torchloom::cuda::owned_stream> work;
+    for (int k = 0; k < work_streams; ++k) work.push_back(new_stream());
+    const torchloom::cuda::event before("bm_stream_hops");
+    const torchloom::cuda::event after("bm_stream_hops");
+    const at::Tensor x = torch::zeros({64}, torch::TensorOptions().device(gpu));
     torch::cuda::synchronize(0);
     event_timer events;
     const auto kernels_on = [&](cudaStream_t s) {
@@ -301,37 +234,25 @@ void bm_stream_hops(benchmark::State& state) {
     };
     // One gated sample: the hop through `w`, or the kernels on the caller's stream alone.
     const auto sample_us = [&](cudaStream_t w) {
-      stream_gate gate;
-      check_cuda(cudaLaunchHostFunc(caller, &stream_gate::hold, &gate), "cudaLaunchHostFunc");
-      struct opener {  // the host function reads `gate`: it returns before `gate` goes
-        stream_gate& g;
-        cudaStream_t s;
-        ~opener() {
-          g.open.store(true, std::memory_order_release);
-          (void)cudaStreamSynchronize(s);
-        }
-      };
-      {
-        const opener open{gate, caller};
-        events.start(caller);
-        if (w == nullptr) {
-          kernels_on(caller);
-        } else {
-          check_cuda(cudaEventRecord(before, caller), "cudaEventRecord");
-          check_cuda(cudaStreamWaitEvent(w, before, 0), "cudaStreamWaitEvent");
-          kernels_on(w);
-          check_cuda(cudaEventRecord(after, w), "cudaEventRecord");
-          check_cuda(cudaStreamWaitEvent(caller, after, 0), "cudaStreamWaitEvent");
-        }
-        events.stop(caller);
-      }
-      if (gate.timed_out.load()) throw std::runtime_error("the gate timed out");
-      return events.elapsed_ms() * 1000.0;
+      return events.gated_us(
+          caller,
+          [&] {
+            if (w == nullptr) {
+              kernels_on(caller);
+            } else {
+              check_cuda(cudaEventRecord(before.get(), caller), "cudaEventRecord");
+              check_cuda(cudaStreamWaitEvent(w, before.get(), 0), "cudaStreamWaitEvent");
+              kernels_on(w);
+              check_cuda(cudaEventRecord(after.get(), w), "cudaEventRecord");
+              check_cuda(cudaStreamWaitEvent(caller, after.get(), 0), "cudaStreamWaitEvent");
+            }
+          },
+          "the gate timed out");
     };
     // The kernels' first launches, ungated: CUDA may load a kernel's module on its first
     // launch, which waits for streams a host function holds.
     kernels_on(caller);
-    for (cudaStream_t w : work) kernels_on(w);
+    for (const auto& w : work) kernels_on(w.get());
     torch::cuda::synchronize(0);
     const auto median_us = [&](cudaStream_t w) {
       std::vector<double> v;
@@ -346,27 +267,15 @@ void bm_stream_hops(benchmark::State& state) {
       state.counters["base_us"] = base;
       int slow = 0;
       for (int k = 0; k < work_streams; ++k) {
-        const double extra = median_us(work[static_cast<std::size_t>(k)]) - base;
+        const double extra = median_us(work[static_cast<std::size_t>(k)].get()) - base;
         slow += extra > 1.0 ? 1 : 0;
         state.counters[(k < 10 ? "hop_0" : "hop_") + std::to_string(k) + "_us"] = extra;
       }
       state.counters["slow_streams"] = slow;
     }
+    (void)cudaDeviceSynchronize();
   });
-  (void)cudaDeviceSynchronize();
-  if (before != nullptr) (void)cudaEventDestroy(before);
-  if (after != nullptr) (void)cudaEventDestroy(after);
-  for (cudaStream_t w : work) {
-    if (w != nullptr) (void)cudaStreamDestroy(w);
-  }
-  if (caller != nullptr) (void)cudaStreamDestroy(caller);
 }
-
-#ifndef TORCHLOOM_BENCH_HAS_GREEN_CONTEXT
-void bm_green_missing(benchmark::State& state) {
-  state.SkipWithError("torchloom/stream/green_context.hpp is not in this build");
-}
-#endif
 
 template <class Fn, class... Args>
 void register_one(const char* name, bool runnable, Fn fn, Args... args) {
@@ -389,7 +298,7 @@ void register_benchmarks() {
 #ifdef TORCHLOOM_BENCH_HAS_GREEN_CONTEXT
   register_one("BM_green_context_stream", true, bm_policy<green_context_stream>, false);
 #else
-  register_one("BM_green_context_stream", false, bm_green_missing);
+  register_one("BM_green_context_stream", false, skip_with(no_green_context));
 #endif
   register_once("BM_stream_hops", 1, bm_stream_hops);
   register_once("BM_fence_host_parts", 20, bm_fence_host_parts);
@@ -397,9 +306,9 @@ void register_benchmarks() {
 
 #else  // !TORCHLOOM_HAS_CUDA
 
-void bm_streams(benchmark::State& state) { state.SkipWithError("built without CUDA"); }
-
-void register_benchmarks() { benchmark::RegisterBenchmark("BM_streams", bm_streams); }
+void register_benchmarks() {
+  benchmark::RegisterBenchmark("BM_streams", skip_with("built without CUDA"));
+}
 
 #endif
 

@@ -1,43 +1,23 @@
 // PERF.md T13, T15 and T16: torchloom's Triton backend served by the in-process Triton core,
-// beside what it is compared with, in one core and one loop. Every comparison sends requests
-// from 8 client threads (batch 1, random inputs) in rounds of 100 requests per thread, and
-// from one client in rounds of 200 (latency without queueing; not for the batched sides);
-// each iteration runs the rounds of every side in a shuffled order, so all sides share the
-// machine's drift. Counters per side: <side>_p50_us, <side>_p99_us, <side>_rps (8 clients),
-// <side>_one_p50_us, <side>_one_p99_us, <side>_one_rps (one client), and for a served side
-// Triton's own statistics over its rounds in µs per request (a batched request is charged
-// its whole batch's time): <side>_queue_us, <side>_compute_input_us,
-// <side>_compute_infer_us, <side>_compute_output_us. scripts/report.py reads these names.
-//
-//   BM_serving_t13/device:<cpu|cuda>  T13, the bundled MLP (one instance):
-//       runner             the same runner called directly by the client threads, one call at
-//                          a time in arrival order (as one model instance runs them); on the
-//                          GPU the input is copied in and the output out, as the backend does
-//       torchloom          libtriton_torchloom.so, each request executed alone
-//       torchloom_batched  the same with Triton's dynamic batcher (its default settings: no
-//                          queue delay, a batch of what waits when the instance is free)
-//       minimal, minimal_batched   Triton's stock "minimal" backend (OUT0 = IN0) on a request
-//                          of the same size: what Triton itself costs per request
-//   BM_serving_t15/device:<cpu|cuda>  T15, the bundled MLP in the same repository for both:
-//       torchloom, torchloom_batched   the torchloom backend; on the GPU with
-//                          TORCHLOOM_STREAM graphed_caller (CUDA graph replays)
-//       pytorch, pytorch_batched       Triton's own PyTorch backend (../shared/triton-peer)
-//       plus the counter `identical`: 1 when both answered one request with the same bytes
-//   BM_serving_t16/partition:<green|plain>  T16, two models in one core on the GPU: a victim
-//       (4 x Linear(2048) on [64, 2048], one instance, requests one at a time) alone, then
-//       beside a co-tenant (bf16 8192 x 8192 GEMMs, two instances, four client threads that keep
-//       it saturated). green: the victim on 16 SMs (TORCHLOOM_STREAM green), the co-tenant on
-//       the rest (green_complement); plain: both on their instances' run streams, the control. Counters as
-//       bm_isolation's (T3): p50_us, p99_us, alone_p99_us, ratio_vs_alone, and with NVML the
-//       SM clocks and ratio_at_alone_clock.
-// A side that cannot run here (no GPU, no GPU-enabled Triton core, no peer, no minimal
-// backend) is left out and named in the benchmark's label, or the benchmark skips saying why.
+// beside what it is compared with, in one core and one loop (docs/serving-comparison.md, "The
+// benchmark", lists each comparison's sides, counters and target):
+//   BM_serving_t13/device:<cpu|cuda>  the bundled MLP: the same runner called directly, the
+//       torchloom backend unbatched and with Triton's dynamic batcher, Triton's stock minimal
+//       backend on a request of the same size (what Triton itself costs per request)
+//   BM_serving_t15/device:<cpu|cuda>  the bundled MLP, the torchloom backend (graphed_caller on
+//       the GPU) against Triton's own PyTorch backend (../shared/triton-peer), same config
+//   BM_serving_t16/partition:<green|plain>  a victim model alone, then beside a co-tenant of
+//       bf16 GEMMs in the same core, both in green contexts or both plain (the control);
+//       measured as bm_isolation's T3 (measure_contention)
+// A side that cannot run here (no minimal backend) is left out and named in the benchmark's
+// label; a comparison that cannot (no GPU, no GPU-enabled Triton core, no peer) skips saying why.
 #include "in_process_requests.hpp"
 #include "in_process_triton.hpp"
 #include "side_by_side.hpp"
 
 #include "bench/support/clients.hpp"
 #include "bench/support/contention.hpp"
+#include "bench/support/models.hpp"
 #include "tests/support/linear_mlp.hpp"
 #include "tests/support/temp_dir.hpp"
 
@@ -49,7 +29,6 @@
 #include <condition_variable>
 #include <numeric>
 #include <random>
-#include <tuple>
 
 namespace torchloom_bench {
 namespace {
@@ -64,10 +43,7 @@ constexpr int iterations = 3;        // rounds per side in a repetition
 constexpr int repetitions = 5;
 constexpr bool kit_has_gpu = TORCHLOOM_TRITON_KIT_GPU != 0;
 
-// T16's models (the sizes of bm_isolation's victim and co-tenant) and phases.
-constexpr std::int64_t victim_width = 2048;
-constexpr std::int64_t gemm_size = 8192;
-constexpr const char* green_sm_count = "16";
+// T16's phases (its models have the sizes of bm_isolation's victim and co-tenant).
 constexpr int cotenant_clients = 4;
 constexpr contention t16_phases{.calls = 1000,
                                 .alone_deadline_s = 3.0,
@@ -117,13 +93,8 @@ struct serving_fixture {
   }
 };
 
-serving_fixture& fixture() {  // made on first use, kept for the whole run
-  static std::unique_ptr<serving_fixture> f;
-  if (!f) {
-    f = std::make_unique<serving_fixture>();
-    at_teardown().push_back([] { f.reset(); });
-  }
-  return *f;
+serving_fixture& fixture() {
+  return kept<serving_fixture>([] { return std::make_unique<serving_fixture>(); });
 }
 
 // Sends one request; throws the response's error.
@@ -137,26 +108,30 @@ tt::tensor_in float_input(const std::string& name, const at::Tensor& t) {
   return {name, TRITONSERVER_TYPE_FP32, t.sizes().vec(), t.data_ptr(), t.nbytes()};
 }
 
-std::string parameter(const std::string& key, const std::string& value) {
-  return "parameters { key: \"" + key + "\" value { string_value: \"" + value + "\" } }\n";
+// Config bodies: one FP32 input and one output, instance groups, batching, parameters.
+std::string io(int max_batch, const char* in, const char* in_dims, const char* out,
+               const char* out_type, const char* out_dims) {
+  return "max_batch_size: " + std::to_string(max_batch) + "\ninput [ { name: \"" + in +
+         "\" data_type: TYPE_FP32 dims: [ " + in_dims + " ] } ]\noutput [ { name: \"" + out +
+         "\" data_type: " + out_type + " dims: [ " + out_dims + " ] } ]\n";
 }
 
-std::string instance(bool gpu, int count = 1) {
-  return std::string("instance_group [ { kind: ") + (gpu ? "KIND_GPU gpus: [ 0 ]" : "KIND_CPU") +
+std::string instance(bool on_gpu, int count = 1) {
+  return std::string("instance_group [ { kind: ") + (on_gpu ? "KIND_GPU gpus: [ 0 ]" : "KIND_CPU") +
          " count: " + std::to_string(count) + " } ]\n";
 }
 
 const char* batching = "dynamic_batching { }\n";
 
-// The bundled MLP's config body: x FP32 [64] -> y FP32 [16], max_batch_size 64.
-std::string mlp_body(bool gpu, bool batched, const std::string& parameters = {}) {
-  return "max_batch_size: 64\n"
-         "input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 64 ] } ]\n"
-         "output [ { name: \"y\" data_type: TYPE_FP32 dims: [ 16 ] } ]\n" +
-         instance(gpu) + (batched ? batching : "") + parameters;
+std::string parameter(const std::string& key, const std::string& value) {
+  return "parameters { key: \"" + key + "\" value { string_value: \"" + value + "\" } }\n";
 }
 
-fs::path bundled_model() { return fs::path(TORCHLOOM_BUNDLED_MODEL_DIR) / "1" / "model.pt"; }
+// The bundled MLP's config body: x FP32 [64] -> y FP32 [16], max_batch_size 64.
+std::string mlp_body(bool on_gpu, bool batched, const std::string& parameters = {}) {
+  return io(64, "x", "64", "y", "TYPE_FP32", "16") + instance(on_gpu) + (batched ? batching : "") +
+         parameters;
+}
 
 // Why `device` cannot be served here, or "".
 std::string device_unavailable(c10::Device device) {
@@ -178,10 +153,11 @@ struct side {
 
 // Where a served side's requests spent their time, from Triton's own statistics over the
 // timed rounds: queue, compute_input (the backend gathering inputs), compute_infer (the run)
-// and compute_output (the backend answering), as the core counts them for any backend.
+// and compute_output (the backend answering), as the core counts them for any backend (a
+// batched request is charged its whole batch's time).
 struct triton_split {
-  static constexpr std::array<const char*, 4> parts = {"queue", "compute_input",
-                                                       "compute_infer", "compute_output"};
+  static constexpr std::array<const char*, 4> parts = {"queue", "compute_input", "compute_infer",
+                                                       "compute_output"};
   std::array<std::uint64_t, 4> ns{};
   std::uint64_t requests = 0;
 
@@ -203,16 +179,16 @@ struct triton_split {
     if (n == 0) return;
     for (std::size_t i = 0; i < parts.size(); ++i) {
       const double us = static_cast<double>(ns[i] - before.ns[i]) / 1e3;
-      state.counters[label + "_" + parts[i] + "_us"] =
-          benchmark::Counter(us / static_cast<double>(n));
+      state.counters[label + "_" + parts[i] + "_us"] = us / static_cast<double>(n);
     }
   }
 };
 
-// Warms every side up, then runs `iterations` times a round of every side with 8 clients and,
-// for the sides that have one, a round with one client, the sides in a shuffled order; sets
-// each side's counters (`<side>_...` with 8 clients, `<side>_one_...` with one). Skips with
-// the first failure.
+// Warms every side up, then runs `iterations` times a round of every side with 8 clients
+// (`requests_per_round` each) and, for the sides that have one, a round with one client
+// (`requests_one_client`), the sides in a shuffled order. Sets each side's counters:
+// <side>_p50_us, <side>_p99_us and <side>_rps with 8 clients, <side>_one_... with one, and
+// for a served side Triton's split (<side>_queue_us, ...). Skips with the first failure.
 void compare(benchmark::State& state, std::vector<side>& sides, unsigned seed) {
   for (auto& s : sides) {
     for (int i = 0; i < warmup_requests; ++i) s.request(0, i);
@@ -290,30 +266,27 @@ side served(const std::string& label, const std::string& model, const std::strin
           [model, input_name, &in](int t, int) {
             send(model, {float_input(input_name, in.x[static_cast<std::size_t>(t)])});
           },
-          !batched,
-          model};
+          !batched, model};
 }
 
 using direct_runner = torchloom::model_runner<torchloom::torchscript_loader>;
-per_device<direct_runner> direct_runners;
+per_device<direct_runner> direct_runners([](c10::Device d) {
+  return std::make_unique<direct_runner>(bundled_spec(), d);
+});
 
 void bm_t13(benchmark::State& state, c10::Device device) {
   if (skip_if(state, device_unavailable(device))) return;
   auto& f = fixture();
-  const bool gpu = device.is_cuda();
-  const std::string suffix = gpu ? "_cuda" : "_cpu";
-  std::string missing;
-  const std::string tl = "mlp_torchloom" + suffix;
+  const bool on_gpu = device.is_cuda();
+  const std::string tl = std::string("mlp_torchloom") + (on_gpu ? "_cuda" : "_cpu");
   const std::string tl_batched = tl + "_batched";
   for (const auto& [name, batched] : {std::pair{tl, false}, std::pair{tl_batched, true}}) {
-    const std::string body = mlp_body(gpu, batched);
-    if (skip_if(state, f.ensure(name, "torchloom", body, bundled_model()))) return;
+    if (skip_if(state, f.ensure(name, "torchloom", mlp_body(on_gpu, batched), bundled_file()))) {
+      return;
+    }
   }
   static const mlp_inputs in;
-  direct_runner& runner = direct_runners.get(device, [](c10::Device d) {
-    return std::make_unique<direct_runner>(
-        torchloom::model_spec::from_directory(TORCHLOOM_BUNDLED_MODEL_DIR), d);
-  });
+  direct_runner& runner = direct_runners(device);
   static fifo_lock one_at_a_time;
   std::vector<side> sides = {
       {"runner",
@@ -327,21 +300,15 @@ void bm_t13(benchmark::State& state, c10::Device device) {
   };
   if (f.has_minimal) {
     // Triton's own cost per request: the minimal backend on the CPU, for both devices.
-    const std::string echo_io =
-        "max_batch_size: 64\n"
-        "input [ { name: \"IN0\" data_type: TYPE_FP32 dims: [ 64 ] } ]\n"
-        "output [ { name: \"OUT0\" data_type: TYPE_INT32 dims: [ 4 ] } ]\n" +
-        instance(false);
+    const std::string echo_io = io(64, "IN0", "64", "OUT0", "TYPE_INT32", "4") + instance(false);
     if (skip_if(state, f.ensure("echo", "minimal", echo_io, {})) ||
         skip_if(state, f.ensure("echo_batched", "minimal", echo_io + batching, {}))) {
       return;
     }
     sides.push_back(served("minimal", "echo", "IN0", in));
     sides.push_back(served("minimal_batched", "echo_batched", "IN0", in, true));
-  } else {
-    missing = "no minimal backend";
   }
-  state.SetLabel(missing);
+  state.SetLabel(f.has_minimal ? "" : "no minimal backend");
   compare(state, sides, 13);
 }
 
@@ -349,11 +316,11 @@ void bm_t15(benchmark::State& state, c10::Device device) {
   if (skip_if(state, device_unavailable(device))) return;
   auto& f = fixture();
   if (skip_if(state, f.peer ? "" : f.peer.why_missing)) return;
-  const bool gpu = device.is_cuda();
+  const bool on_gpu = device.is_cuda();
   // On the GPU, torchloom replays CUDA graphs on its run stream; both backends otherwise get
   // the same config.
-  const std::string stream = gpu ? parameter("TORCHLOOM_STREAM", "graphed_caller") : "";
-  const std::string suffix = gpu ? "_cuda" : "_cpu";
+  const std::string stream = on_gpu ? parameter("TORCHLOOM_STREAM", "graphed_caller") : "";
+  const std::string suffix = on_gpu ? "_cuda" : "_cpu";
   struct model {
     std::string label;
     std::string backend;
@@ -364,8 +331,8 @@ void bm_t15(benchmark::State& state, c10::Device device) {
                                      {"pytorch", "pytorch", false},
                                      {"pytorch_batched", "pytorch", true}};
   for (const auto& m : models) {
-    const std::string body = mlp_body(gpu, m.batched, m.backend == "torchloom" ? stream : "");
-    if (skip_if(state, f.ensure("t15_" + m.label + suffix, m.backend, body, bundled_model()))) {
+    const std::string body = mlp_body(on_gpu, m.batched, m.backend == "torchloom" ? stream : "");
+    if (skip_if(state, f.ensure("t15_" + m.label + suffix, m.backend, body, bundled_file()))) {
       return;
     }
   }
@@ -381,7 +348,7 @@ void bm_t15(benchmark::State& state, c10::Device device) {
     const auto peer = send("t15_pytorch" + suffix, {float_input("x", in.x[0])});
     const bool same = ours.outputs.size() == 1 && peer.outputs.size() == 1 &&
                       ours.outputs[0].data == peer.outputs[0].data;
-    state.counters["identical"] = benchmark::Counter(same ? 1.0 : 0.0);
+    state.counters["identical"] = same ? 1.0 : 0.0;
   });
 }
 
@@ -424,41 +391,32 @@ def forward(self, x):
   return files;
 }
 
-int sm_count() {
-#if TORCHLOOM_HAS_CUDA
-  return device_sm_count();
-#else
-  return 0;
-#endif
-}
-
 void bm_t16(benchmark::State& state, bool green) {
-  if (skip_if(state, device_unavailable(c10::Device(c10::kCUDA, 0)))) return;
+  if (skip_if(state, device_unavailable(gpu))) return;
   auto& f = fixture();
   const t16_files& files = t16_models();
   const std::string tag = green ? "green" : "plain";
   const std::string victim = "t16_victim_" + tag;
   const std::string gemm = "t16_gemm_" + tag;
-  const std::string victim_io =
-      "max_batch_size: 0\n"
-      "input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 64, 2048 ] } ]\n"
-      "output [ { name: \"y\" data_type: TYPE_FP32 dims: [ 64, 16 ] } ]\n";
-  const std::string gemm_io =
-      "max_batch_size: 0\n"
-      "input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 4 ] } ]\n"
-      "output [ { name: \"y\" data_type: TYPE_FP32 dims: [ 4 ] } ]\n";
-  const std::string sms = parameter("GREEN_CONTEXT_SM_COUNT", green_sm_count);
-  const std::string victim_params = green ? parameter("TORCHLOOM_STREAM", "green") + sms : "";
-  const std::string gemm_params =
-      green ? parameter("TORCHLOOM_STREAM", "green_complement") + sms : "";
-  for (const auto& [name, body, file] :
-       {std::tuple{victim, victim_io + instance(true) + victim_params, files.victim},
-        std::tuple{gemm, gemm_io + instance(true, 2) + gemm_params, files.gemm}}) {
-    if (skip_if(state, f.ensure(name, "torchloom", body, file))) return;
+  const std::string sms = parameter("GREEN_CONTEXT_SM_COUNT", green_sms);
+  const auto stream = [&](const char* policy) {
+    return green ? parameter("TORCHLOOM_STREAM", policy) + sms : "";
+  };
+  const std::string victim_body =
+      io(0, "x", "64, 2048", "y", "TYPE_FP32", "64, 16") + instance(true) + stream("green");
+  const std::string gemm_body =
+      io(0, "x", "4", "y", "TYPE_FP32", "4") + instance(true, 2) + stream("green_complement");
+  if (skip_if(state, f.ensure(victim, "torchloom", victim_body, files.victim)) ||
+      skip_if(state, f.ensure(gemm, "torchloom", gemm_body, files.gemm))) {
+    return;
   }
   contention c = t16_phases;
-  const int all_sms = sm_count();
-  c.victim_sms = green ? std::atoi(green_sm_count) : all_sms;
+#if TORCHLOOM_HAS_CUDA
+  const int all_sms = device_sm_count();
+#else
+  const int all_sms = 0;
+#endif
+  c.victim_sms = green ? std::atoi(green_sms) : all_sms;
   c.cotenant_sms = green ? all_sms - c.victim_sms : all_sms;
   torch::manual_seed(42);
   const at::Tensor x = torch::rand({64, victim_width}) + 0.1;
@@ -486,7 +444,7 @@ void bm_t16(benchmark::State& state, bool green) {
 
 void register_benchmarks() {
   for (const auto& [label, device] :
-       {std::pair{"cpu", c10::Device(c10::kCPU)}, std::pair{"cuda", c10::Device(c10::kCUDA, 0)}}) {
+       {std::pair{"cpu", c10::Device(c10::kCPU)}, std::pair{"cuda", gpu}}) {
     for (const auto& [name, fn] : {std::pair{"BM_serving_t13/device:", &bm_t13},
                                    std::pair{"BM_serving_t15/device:", &bm_t15}}) {
       // One repetition where the device is missing: the skip is reported once.
@@ -499,13 +457,8 @@ void register_benchmarks() {
     }
   }
   for (const bool green : {true, false}) {
-    benchmark::RegisterBenchmark(
-        green ? "BM_serving_t16/partition:green" : "BM_serving_t16/partition:plain",
-        [green](benchmark::State& s) { bm_t16(s, green); })
-        ->UseManualTime()
-        ->Iterations(1)
-        ->Repetitions(1)
-        ->Unit(benchmark::kMicrosecond);
+    register_manual(green ? "BM_serving_t16/partition:green" : "BM_serving_t16/partition:plain",
+                    benchmark::kMicrosecond, bm_t16, green);
   }
 }
 

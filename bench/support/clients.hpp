@@ -25,23 +25,21 @@ void client_round(int threads, int per_thread, Request&& request, client_samples
   std::vector<double> all;
   all.reserve(static_cast<std::size_t>(threads) * static_cast<std::size_t>(per_thread));
   std::string error;
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = steady::now();
   for (int t = 0; t < threads; ++t) {
     clients.emplace_back([&, t] {
       std::vector<double> mine;
       mine.reserve(static_cast<std::size_t>(per_thread));
       std::string failed;
       for (int i = 0; i < per_thread; ++i) {
-        const auto t0 = std::chrono::steady_clock::now();
+        const auto t0 = steady::now();
         try {
           request(t, i);
         } catch (const std::exception& e) {
           failed = e.what();
           break;
         }
-        mine.push_back(
-            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
-                .count());
+        mine.push_back(us_since(t0));
       }
       std::lock_guard lock(mutex);
       all.insert(all.end(), mine.begin(), mine.end());
@@ -49,7 +47,7 @@ void client_round(int threads, int per_thread, Request&& request, client_samples
     });
   }
   for (auto& c : clients) c.join();
-  into.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  into.seconds += us_since(start) * 1e-6;
   into.requests += static_cast<std::int64_t>(all.size());
   into.us.insert(into.us.end(), all.begin(), all.end());
   if (into.error.empty()) into.error = error;
@@ -58,13 +56,11 @@ void client_round(int threads, int per_thread, Request&& request, client_samples
 //! Sets the counters of one side: `<label>_p50_us`, `<label>_p99_us` (nearest rank over every
 //! request) and `<label>_rps` (requests per second of its rounds' wall time). Plain values.
 inline void set_client_counters(benchmark::State& state, const std::string& label,
-                                client_samples& s) {
-  std::sort(s.us.begin(), s.us.end());
-  using counter = benchmark::Counter;
-  state.counters[label + "_p50_us"] = counter(nearest_rank(s.us, 0.50), counter::kDefaults);
-  state.counters[label + "_p99_us"] = counter(nearest_rank(s.us, 0.99), counter::kDefaults);
-  state.counters[label + "_rps"] = counter(
-      s.seconds > 0.0 ? static_cast<double>(s.requests) / s.seconds : 0.0, counter::kDefaults);
+                                const client_samples& s) {
+  state.counters[label + "_p50_us"] = percentile(s.us, 0.50);
+  state.counters[label + "_p99_us"] = percentile(s.us, 0.99);
+  state.counters[label + "_rps"] =
+      s.seconds > 0.0 ? static_cast<double>(s.requests) / s.seconds : 0.0;
 }
 
 }  // namespace torchloom_bench

@@ -1,7 +1,7 @@
 #pragma once
 // What every benchmark program shares: statistics (PERF.md's method: medians and p99s, nearest
-// rank), the timing loops, registration and main, skips that say why, inputs, fixture
-// directories, and objects built once per process and kept for the whole run.
+// rank), the timing loops, registration and main, skips that say why, and objects kept for the
+// whole run.
 #include <torchloom/torchloom.hpp>
 
 #include <benchmark/benchmark.h>
@@ -31,31 +31,22 @@
 namespace torchloom_bench {
 
 namespace fs = std::filesystem;
+using steady = std::chrono::steady_clock;
 
-//! Nearest-rank percentile q (0 < q <= 1) of an ascending sample; 0 for an empty one.
-inline double nearest_rank(const std::vector<double>& sorted, double q) {
-  if (sorted.empty()) return 0.0;
-  const auto rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(sorted.size())));
-  return sorted[rank == 0 ? 0 : rank - 1];
-}
-
-//! Nearest-rank percentile q of a sample in any order.
+//! Nearest-rank percentile q (0 < q <= 1) of a sample in any order; 0 for an empty one.
 inline double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
-  return nearest_rank(v, q);
+  const auto rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(v.size())));
+  return v[rank == 0 ? 0 : rank - 1];
 }
 
-//! The median of an ascending sample (the mean of the middle two for an even count).
-inline double median_of_sorted(const std::vector<double>& sorted) {
-  if (sorted.empty()) return 0.0;
-  const std::size_t mid = sorted.size() / 2;
-  return sorted.size() % 2 == 1 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2.0;
-}
-
-//! The median of a sample in any order.
+//! The median of a sample in any order (the mean of the middle two for an even count).
 inline double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
-  return median_of_sorted(v);
+  const std::size_t mid = v.size() / 2;
+  return v.size() % 2 == 1 ? v[mid] : (v[mid - 1] + v[mid]) / 2.0;
 }
 
 //! The 99th percentile (nearest rank); also a Google Benchmark statistic over repetitions.
@@ -69,13 +60,31 @@ inline double max_of(const std::vector<double>& v) {
   return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end());
 }
 
-//! The bundled model's input: float32 [batch, 64].
-constexpr std::int64_t feature_count = 64;
-
-//! Benchmark argument 0 is the CPU, any other cuda:0.
-inline c10::Device device_for(std::int64_t arg) {
-  return arg == 0 ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, 0);
+//! Microseconds from `start` to now.
+inline double us_since(steady::time_point start) {
+  return std::chrono::duration<double, std::micro>(steady::now() - start).count();
 }
+
+//! Wall time of `call()` in microseconds. Whatever the call returns is destroyed inside the
+//! timed region, so both sides of a pair count the same work.
+template <class Fn>
+double time_call_us(Fn&& call) {
+  const auto start = steady::now();
+  call();
+  return us_since(start);
+}
+
+//! `calls` untimed calls of `call`.
+template <class Fn>
+void warm_up(int calls, Fn&& call) {
+  for (int i = 0; i < calls; ++i) call();
+}
+
+//! The GPU every GPU benchmark runs on.
+inline const c10::Device gpu(c10::kCUDA, 0);
+
+//! Benchmark argument 0 is the CPU, any other the GPU.
+inline c10::Device device_for(std::int64_t arg) { return arg == 0 ? c10::Device(c10::kCPU) : gpu; }
 
 //! GPU time is part of a call on both sides alike: waits for the device after a call.
 inline void sync(c10::Device device) {
@@ -96,6 +105,11 @@ inline bool skip_if(benchmark::State& state, const std::string& why) {
   return !why.empty();
 }
 
+//! A benchmark function, of any arguments, that only reports why it cannot run in this build.
+inline auto skip_with(std::string why) {
+  return [why](benchmark::State& state, auto&&...) { state.SkipWithError(why.c_str()); };
+}
+
 //! "no CUDA device" when `device` is a GPU and there is none, else "".
 inline std::string no_device(c10::Device device) {
   return device.is_cuda() && !torch::cuda::is_available() ? "no CUDA device" : "";
@@ -111,27 +125,6 @@ void guarded(benchmark::State& state, Body&& body) {
   }
 }
 
-//! Random inputs for the bundled model on `device` (never zeros: PERF.md), the same on both
-//! sides of a pair.
-inline at::Tensor bundled_input(c10::Device device, std::int64_t batch) {
-  torch::manual_seed(42);
-  return torch::rand({batch, feature_count}, torch::TensorOptions().device(device));
-}
-
-//! The directory environment variable `name` names, else `fallback`.
-inline fs::path env_or(const char* name, const fs::path& fallback) {
-  const char* env = std::getenv(name);
-  return env != nullptr && *env != 0 ? fs::path(env) : fallback;
-}
-
-//! "no package <file>; run <how>" when `file` is not there, else "".
-inline std::string no_file(const fs::path& file, const std::string& how,
-                           const char* what = "package") {
-  std::error_code ec;
-  if (fs::is_regular_file(file, ec)) return {};
-  return std::string("no ") + what + " " + file.string() + "; run " + how;
-}
-
 //! What the benchmarks keep for the whole run, each released by a function here: main()
 //! calls them after the runs (last kept, first released), so no CUDA tensor outlives the CUDA
 //! runtime's own teardown at exit.
@@ -140,20 +133,34 @@ inline std::vector<std::function<void()>>& at_teardown() {
   return releases;
 }
 
+//! The process's one T, made by `make()` (a std::unique_ptr<T>) on first use and kept.
+template <class T, class Make>
+T& kept(Make&& make) {
+  static std::unique_ptr<T> p;
+  if (!p) {
+    p = make();
+    at_teardown().push_back([] { p.reset(); });
+  }
+  return *p;
+}
+
 //! One T per device, made by `make(device)` (a std::unique_ptr<T>) on first use and kept for
 //! the whole run: a load is not what a per-call benchmark measures.
 template <class T>
 class per_device {
  public:
-  template <class Make>
-  T& get(c10::Device device, Make&& make) {
+  explicit per_device(std::function<std::unique_ptr<T>(c10::Device)> make)
+      : make_(std::move(make)) {}
+
+  T& operator()(c10::Device device) {
     if (items_.empty()) at_teardown().push_back([this] { items_.clear(); });
     auto& p = items_[device.str()];
-    if (!p) p = make(device);
+    if (!p) p = make_(device);
     return *p;
   }
 
  private:
+  std::function<std::unique_ptr<T>(c10::Device)> make_;
   std::map<std::string, std::unique_ptr<T>> items_;
 };
 
@@ -186,54 +193,10 @@ class built_once {
   bool tried_ = false;
 };
 
-//! Sets plain counters (kDefaults), name by name.
+//! Sets plain counters (kDefaults: per call or per run already, not divided by iterations).
 inline void set_counters(benchmark::State& state,
                          std::initializer_list<std::pair<const char*, double>> counters) {
   for (const auto& [name, value] : counters) state.counters[name] = value;
-}
-
-//! Wall time of `call()` in microseconds. Whatever the call returns is destroyed inside the
-//! timed region, so both sides of a pair count the same work.
-template <class Fn>
-double time_call_us(Fn&& call) {
-  const auto start = std::chrono::steady_clock::now();
-  call();
-  const auto stop = std::chrono::steady_clock::now();
-  return std::chrono::duration<double, std::micro>(stop - start).count();
-}
-
-//! `calls` untimed calls of `call`.
-template <class Fn>
-void warm_up(int calls, Fn&& call) {
-  for (int i = 0; i < calls; ++i) call();
-}
-
-//! Per-call times of the two sides of a paired benchmark, in microseconds.
-struct paired_samples {
-  std::vector<double> raw_us;
-  std::vector<double> runner_us;
-};
-
-//! One raw call and one runner call per iteration, each timed on its own. Which side goes
-//! first swaps every iteration: the second call of a pair finds caches (and on CUDA, the
-//! launch queue) warmed by the first.
-template <class Raw, class Runner>
-paired_samples time_paired(benchmark::State& state, Raw&& raw_once, Runner&& runner_once) {
-  paired_samples s;
-  s.raw_us.reserve(static_cast<std::size_t>(state.max_iterations));
-  s.runner_us.reserve(static_cast<std::size_t>(state.max_iterations));
-  bool raw_first = true;
-  for (auto _ : state) {
-    if (raw_first) {
-      s.raw_us.push_back(time_call_us(raw_once));
-      s.runner_us.push_back(time_call_us(runner_once));
-    } else {
-      s.runner_us.push_back(time_call_us(runner_once));
-      s.raw_us.push_back(time_call_us(raw_once));
-    }
-    raw_first = !raw_first;
-  }
-  return s;
 }
 
 //! The medians of a paired benchmark's two sides.
@@ -242,30 +205,35 @@ struct paired_medians {
   double runner_us = 0.0;
 };
 
-//! Sets the counters scripts/report.py reads from a paired benchmark: per-call medians, their
-//! ratio (runner / raw), p99s, and the calls per side. Plain values (kDefaults): per call
-//! already, so not to be divided by the iteration count.
-inline paired_medians set_paired_counters(benchmark::State& state, paired_samples& s) {
-  std::sort(s.raw_us.begin(), s.raw_us.end());
-  std::sort(s.runner_us.begin(), s.runner_us.end());
-  const paired_medians m{median_of_sorted(s.raw_us), median_of_sorted(s.runner_us)};
-  using counter = benchmark::Counter;
-  state.counters["raw_median_us"] = counter(m.raw_us, counter::kDefaults);
-  state.counters["runner_median_us"] = counter(m.runner_us, counter::kDefaults);
-  state.counters["ratio"] =
-      counter(m.raw_us > 0.0 ? m.runner_us / m.raw_us : 0.0, counter::kDefaults);
-  state.counters["raw_p99_us"] = counter(nearest_rank(s.raw_us, 0.99), counter::kDefaults);
-  state.counters["runner_p99_us"] = counter(nearest_rank(s.runner_us, 0.99), counter::kDefaults);
-  state.counters["calls"] = counter(static_cast<double>(s.raw_us.size()), counter::kDefaults);
-  return m;
-}
-
-//! time_paired, then its counters.
+//! One raw call and one runner call per iteration, each timed on its own. Which side goes
+//! first swaps every iteration: the second call of a pair finds caches (and on CUDA, the
+//! launch queue) warmed by the first. Sets the counters scripts/report.py reads: per-call
+//! medians, their ratio (runner / raw), p99s, and the calls per side.
 template <class Raw, class Runner>
-paired_medians time_and_count_paired(benchmark::State& state, Raw&& raw_once,
-                                     Runner&& runner_once) {
-  paired_samples samples = time_paired(state, raw_once, runner_once);
-  return set_paired_counters(state, samples);
+paired_medians time_paired(benchmark::State& state, Raw&& raw_once, Runner&& runner_once) {
+  std::vector<double> raw;
+  std::vector<double> runner;
+  raw.reserve(static_cast<std::size_t>(state.max_iterations));
+  runner.reserve(static_cast<std::size_t>(state.max_iterations));
+  bool raw_first = true;
+  for (auto _ : state) {
+    if (raw_first) {
+      raw.push_back(time_call_us(raw_once));
+      runner.push_back(time_call_us(runner_once));
+    } else {
+      runner.push_back(time_call_us(runner_once));
+      raw.push_back(time_call_us(raw_once));
+    }
+    raw_first = !raw_first;
+  }
+  const paired_medians m{median(raw), median(runner)};
+  set_counters(state, {{"raw_median_us", m.raw_us},
+                       {"runner_median_us", m.runner_us},
+                       {"ratio", m.raw_us > 0.0 ? m.runner_us / m.raw_us : 0.0},
+                       {"raw_p99_us", p99(raw)},
+                       {"runner_p99_us", p99(runner)},
+                       {"calls", static_cast<double>(raw.size())}});
+  return m;
 }
 
 //! One host-time part: the counter it sets, and one call of it.
@@ -273,10 +241,10 @@ using host_part = std::pair<const char*, std::function<void()>>;
 
 //! Sets, for each part, its counter to the mean host time of one call in microseconds, over
 //! batches of `batch_calls` calls, one batch per part in each iteration, with `settle()` (not
-//! timed: a device synchronisation, say) before each batch. Plain values, per call already.
+//! timed: a device synchronisation, say) before each batch.
 template <class Settle>
-void time_host_parts(benchmark::State& state, const std::vector<host_part>& parts,
-                     Settle&& settle, int batch_calls = 100) {
+void time_host_parts(benchmark::State& state, const std::vector<host_part>& parts, Settle&& settle,
+                     int batch_calls = 100) {
   std::vector<double> total_us(parts.size(), 0.0);
   std::int64_t batches = 0;
   for (auto _ : state) {
@@ -290,8 +258,7 @@ void time_host_parts(benchmark::State& state, const std::vector<host_part>& part
   }
   const double calls = static_cast<double>(batches) * batch_calls;
   for (std::size_t p = 0; p < parts.size(); ++p) {
-    state.counters[parts[p].first] =
-        benchmark::Counter(calls > 0 ? total_us[p] / calls : 0.0, benchmark::Counter::kDefaults);
+    state.counters[parts[p].first] = calls > 0 ? total_us[p] / calls : 0.0;
   }
 }
 
@@ -316,11 +283,21 @@ B* with_spread(B* b, int repetitions) {
 //! A benchmark of `iterations` iterations and one repetition, real time in microseconds.
 template <class... Args>
 auto register_once(const std::string& name, benchmark::IterationCount iterations,
-                         Args&&... fn_and_args) {
+                   Args&&... fn_and_args) {
   return benchmark::RegisterBenchmark(name.c_str(), std::forward<Args>(fn_and_args)...)
       ->Unit(benchmark::kMicrosecond)
       ->UseRealTime()
       ->Iterations(iterations)
+      ->Repetitions(1);
+}
+
+//! A benchmark of one iteration and one repetition, timed by SetIterationTime.
+template <class... Args>
+auto register_manual(const std::string& name, benchmark::TimeUnit unit, Args&&... fn_and_args) {
+  return benchmark::RegisterBenchmark(name.c_str(), std::forward<Args>(fn_and_args)...)
+      ->Unit(unit)
+      ->UseManualTime()
+      ->Iterations(1)
       ->Repetitions(1);
 }
 
@@ -336,9 +313,7 @@ void time_separately(benchmark::State& state, Once&& once, Check&& check) {
   for (auto _ : state) once();
 }
 
-//! A paired benchmark (one repetition: max_iterations calls of each side, interleaved by
-//! time_paired, each timed on its own): warm-up calls of both sides, then, when `check()`
-//! holds, the timed loop and its counters.
+//! A paired benchmark: warm-up calls of both sides, then, when `check()` holds, time_paired.
 template <class Raw, class Runner, class Check>
 void time_paired_checked(benchmark::State& state, Raw&& raw_once, Runner&& runner_once,
                          Check&& check) {
@@ -347,16 +322,16 @@ void time_paired_checked(benchmark::State& state, Raw&& raw_once, Runner&& runne
     runner_once();
   });
   if (!check()) return;
-  time_and_count_paired(state, raw_once, runner_once);
+  time_paired(state, raw_once, runner_once);
 }
 
 //! Registers, for the device of `device_arg` (0: cpu, else cuda:0) at batch 1 and 32:
 //! BM_raw_<x> and BM_runner_<x>, `separate(state, device_arg, batch, is_runner)`, 30
 //! repetitions of at least 0.1 s; then, for each (name, arm) of `arms`, <name>,
 //! `paired(state, device_arg, batch, arm)`, 3 repetitions of a fixed count of calls per side
-//! (the median moves by well under 1% between repetitions at these counts). Names pair up in
-//! the report: BM_raw_<x>/<suffix> with BM_runner_<x>/<suffix>; BM_paired_<x>/<suffix> has a
-//! table of its own. Without `can` (no device, no model) each reports its skip once.
+//! (the median moves by well under 1% between repetitions at these counts). The report pairs
+//! BM_raw_<x>/<suffix> with BM_runner_<x>/<suffix>; BM_paired_<x>/<suffix> has a table of its
+//! own. Without `can` (no device, no model) each reports its skip once.
 template <class Separate, class Paired, class Arm>
 void register_t1(const std::string& x, std::int64_t device_arg, bool can, Separate separate,
                  Paired paired, std::initializer_list<std::pair<const char*, Arm>> arms) {
@@ -396,10 +371,8 @@ int run_main(int argc, char** argv, Register&& register_benchmarks) {
 
 }  // namespace torchloom_bench
 
-//! Defines main() for a benchmark program (as BENCHMARK_MAIN does): run_main with the
-//! function `register_fn` of namespace torchloom_bench.
-#define TORCHLOOM_BENCH_MAIN(register_fn)                                                 \
-  int main(int argc, char** argv) {                                                      \
-    return ::torchloom_bench::run_main(argc, argv, ::torchloom_bench::register_fn);      \
+//! Defines main() for a benchmark program: run_main with `register_fn` of torchloom_bench.
+#define TORCHLOOM_BENCH_MAIN(register_fn)                                           \
+  int main(int argc, char** argv) {                                                 \
+    return ::torchloom_bench::run_main(argc, argv, ::torchloom_bench::register_fn); \
   }
-

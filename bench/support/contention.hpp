@@ -11,6 +11,12 @@
 
 namespace torchloom_bench {
 
+// The victim and co-tenant both benchmarks measure: an MLP of 4 Linear(victim_width) layers at
+// batch 64 on `green_sms` SMs when partitioned, beside square bf16 GEMMs of gemm_size.
+constexpr std::int64_t victim_width = 2048;
+constexpr std::int64_t gemm_size = 8192;
+constexpr const char* green_sms = "16";
+
 //! The GPU's SM clock and power while a phase runs, sampled every 20 ms from NVML
 //! (libnvidia-ml.so.1, opened at run time; NVML index 0 is taken to be cuda:0, the only device
 //! the isolation benchmarks use). A saturating co-tenant can draw the board to its power limit,
@@ -111,17 +117,15 @@ template <class Request>
 phase measure_phase(Request&& request, int calls, double deadline_s) {
   phase p;
   p.us.reserve(static_cast<std::size_t>(calls));
-  const auto begin = std::chrono::steady_clock::now();
+  const auto begin = steady::now();
   const auto deadline = begin + std::chrono::duration<double>(deadline_s);
   for (int i = 0; i < calls; ++i) {
-    const auto start = std::chrono::steady_clock::now();
+    const auto start = steady::now();
     if (start > deadline) break;
     request();
-    p.us.push_back(
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
-            .count());
+    p.us.push_back(us_since(start));
   }
-  p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  p.seconds = us_since(begin) * 1e-6;
   return p;
 }
 
@@ -160,9 +164,9 @@ class cotenant_threads {
   //! or after `timeout`.
   bool wait_until(std::int64_t count, std::chrono::seconds timeout,
                   std::chrono::milliseconds poll) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const auto deadline = steady::now() + timeout;
     while (completed_.load() < count) {
-      if (failed_.load() || std::chrono::steady_clock::now() > deadline) return false;
+      if (failed_.load() || steady::now() > deadline) return false;
       std::this_thread::sleep_for(poll);
     }
     return true;
@@ -185,32 +189,13 @@ class cotenant_threads {
   std::vector<std::thread> threads_;  // last: started after everything they use
 };
 
-//! Sets the clock counters of an isolation benchmark from the victim's phase alone and its
-//! phase beside a co-tenant: alone_sm_mhz, sm_mhz, power_w, power_capped, and
-//! ratio_at_alone_clock, the contended p99 over the alone p99 scaled to the alone phase's
-//! clock (what is left of the slowdown once the lower clock is taken out; the victim is
-//! compute-bound on its SMs). Sets nothing when NVML gave no samples.
-inline void set_clock_counters(benchmark::State& state, const clock_sampler& sampler,
-                               const clock_sampler::summary& alone,
-                               const clock_sampler::summary& beside, double alone_p99_us,
-                               double p99_us) {
-  if (!sampler.available() || beside.sm_mhz <= 0 || alone.sm_mhz <= 0) return;
-  state.counters["alone_sm_mhz"] = alone.sm_mhz;
-  state.counters["sm_mhz"] = beside.sm_mhz;
-  state.counters["power_w"] = beside.power_w;
-  state.counters["power_capped"] = beside.power_capped;
-  if (alone_p99_us > 0.0) {
-    state.counters["ratio_at_alone_clock"] = p99_us / alone_p99_us * beside.sm_mhz / alone.sm_mhz;
-  }
-}
-
 //! How a victim is measured beside its co-tenant.
 struct contention {
-  int calls = 0;                    // per phase, unless the phase's deadline comes first
-  double alone_deadline_s = 0;      // caps a phase's wall time
+  int calls = 0;                // per phase, unless the phase's deadline comes first
+  double alone_deadline_s = 0;  // caps a phase's wall time
   double contended_deadline_s = 0;
-  int alone_warmup = 0;             // victim calls before the alone phase
-  int contended_warmup = 0;         // victim calls once the co-tenant saturates
+  int alone_warmup = 0;              // victim calls before the alone phase
+  int contended_warmup = 0;          // victim calls once the co-tenant saturates
   std::int64_t saturated_after = 0;  // co-tenant work completed before it counts as saturating
   std::chrono::seconds start_timeout{0};
   std::chrono::milliseconds poll{1};
@@ -219,18 +204,19 @@ struct contention {
   int cotenant_sms = 0;
 };
 
-//! Each iteration: `warm(c.alone_warmup)`, the victim's phase alone (`request` per call), then,
-//! when `start_cotenant` is given, the co-tenant started, `warm(c.contended_warmup)` once it
-//! saturates, the victim's phase beside it, and the co-tenant stopped. Counters: p50_us,
-//! p99_us and calls of the last phase, alone_p50_us, alone_p99_us, ratio_vs_alone (p99 over
-//! alone p99), victim_sms, cotenant_sms, cotenant_tflops, and the clock counters. The manual
-//! time is the last phase's p50.
-//! `request` is called directly (not through a std::function) inside the timed region.
+//! Each iteration: `warm(c.alone_warmup)`, the victim's phase alone (`request` per call, called
+//! directly, not through a std::function, inside the timed region), then, when `start_cotenant`
+//! is given, the co-tenant started, `warm(c.contended_warmup)` once it saturates, the victim's
+//! phase beside it, and the co-tenant stopped. Counters: p50_us, p99_us and calls of the last
+//! phase, alone_p50_us, alone_p99_us, ratio_vs_alone (p99 over alone p99), victim_sms,
+//! cotenant_sms, cotenant_tflops; with NVML samples, alone_sm_mhz, sm_mhz, power_w,
+//! power_capped and ratio_at_alone_clock, the contended p99 over the alone p99 scaled to the
+//! alone phase's clock (what is left of the slowdown once the lower clock is taken out; the
+//! victim is compute-bound on its SMs). The manual time is the last phase's p50.
 template <class Request>
-void measure_contention(
-    benchmark::State& state, const contention& c, Request&& request,
-    const std::function<void(int)>& warm,
-    const std::function<std::unique_ptr<cotenant_threads>()>& start_cotenant) {
+void measure_contention(benchmark::State& state, const contention& c, Request&& request,
+                        const std::function<void(int)>& warm,
+                        const std::function<std::unique_ptr<cotenant_threads>()>& start_cotenant) {
   for (auto _ : state) {
     warm(c.alone_warmup);
     clock_sampler clocks;
@@ -265,16 +251,25 @@ void measure_contention(
     const double p50 = percentile(measured.us, 0.50);
     const double p99 = percentile(measured.us, 0.99);
     state.SetIterationTime(p50 * 1e-6);
-    state.counters["p50_us"] = p50;
-    state.counters["p99_us"] = p99;
-    state.counters["calls"] = static_cast<double>(measured.us.size());
-    state.counters["alone_p50_us"] = percentile(alone.us, 0.50);
-    state.counters["alone_p99_us"] = alone_p99;
-    state.counters["ratio_vs_alone"] = alone_p99 > 0.0 ? p99 / alone_p99 : 0.0;
-    state.counters["victim_sms"] = c.victim_sms;
-    state.counters["cotenant_sms"] = c.cotenant_sms;
-    state.counters["cotenant_tflops"] = tflops;
-    set_clock_counters(state, clocks, alone_clock, clock, alone_p99, p99);
+    set_counters(state, {{"p50_us", p50},
+                         {"p99_us", p99},
+                         {"calls", static_cast<double>(measured.us.size())},
+                         {"alone_p50_us", percentile(alone.us, 0.50)},
+                         {"alone_p99_us", alone_p99},
+                         {"ratio_vs_alone", alone_p99 > 0.0 ? p99 / alone_p99 : 0.0},
+                         {"victim_sms", c.victim_sms},
+                         {"cotenant_sms", c.cotenant_sms},
+                         {"cotenant_tflops", tflops}});
+    if (clocks.available() && clock.sm_mhz > 0 && alone_clock.sm_mhz > 0) {
+      set_counters(state, {{"alone_sm_mhz", alone_clock.sm_mhz},
+                           {"sm_mhz", clock.sm_mhz},
+                           {"power_w", clock.power_w},
+                           {"power_capped", clock.power_capped}});
+      if (alone_p99 > 0.0) {
+        state.counters["ratio_at_alone_clock"] =
+            p99 / alone_p99 * clock.sm_mhz / alone_clock.sm_mhz;
+      }
+    }
   }
 }
 
